@@ -1,0 +1,21 @@
+"""The plugin contract: hook specifications, the records hooks return, and the plugin manager."""
+
+from omni_core.hooks.hookspecs import ENTRY_POINT_GROUP, PROJECT, hookimpl, hookspec
+from omni_core.hooks.manager import PluginManager, PluginRecord, UnknownNameError, get_plugin_manager
+from omni_core.hooks.specs import TASKS, EngineSpec, FamilySpec, TransportSpec, Voice
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PROJECT",
+    "TASKS",
+    "EngineSpec",
+    "FamilySpec",
+    "PluginManager",
+    "PluginRecord",
+    "TransportSpec",
+    "UnknownNameError",
+    "Voice",
+    "get_plugin_manager",
+    "hookimpl",
+    "hookspec",
+]

@@ -1,0 +1,76 @@
+"""Plain data the plugin contract exchanges.
+
+Every hook returns one of these records. They hold names, callables and metadata only, so this
+module imports nothing from the layers above it (pipeline, scheduler, serve): a family's
+builder returns a ``omni_core.pipeline.Topology`` but the contract never imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+TASKS = ("speech", "transcription", "chat")
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A built-in voice a family offers without any reference audio."""
+
+    id: str
+    name: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """A model family: what it can do and how a checkpoint becomes a stage topology.
+
+    ``build(checkpoint_dir, options)`` runs wherever the topology is needed (the server process,
+    and again inside every spawned stage process, so it must be cheap: load weights inside the
+    stage factories, not here) and returns an ``omni_core.pipeline.Topology``.
+    ``presets`` maps a preset name (``"tiny"`` at least) to a callable that materialises that
+    preset into a directory in the family's official checkpoint layout and returns the path.
+    ``voices(checkpoint_dir)`` lists built-in voices of a checkpoint.
+    """
+
+    name: str
+    tasks: tuple[str, ...]
+    build: Callable[[str, dict[str, Any]], Any]
+    default_checkpoint: str | None = None
+    presets: dict[str, Callable[[str], str]] = field(default_factory=dict)
+    sample_rate: int | None = None  # of audio the family produces (speech, chat audio)
+    input_sample_rate: int | None = None  # of audio the family consumes (transcription, chat)
+    voices: Callable[[str], list[Voice]] | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"family {self.name!r}: unknown tasks {unknown}; known: {list(TASKS)}")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How a stage's executor is made. A stage names the engine it needs (``"ar"``, ``"batch"``...).
+
+    ``build(stage, context)`` receives the ``omni_core.pipeline.StageSpec`` and a
+    ``omni_core.pipeline.StageContext`` (device, platform, request emit callback, options) and
+    returns an object implementing ``omni_core.pipeline.Executor``.
+    """
+
+    name: str
+    build: Callable[[Any, Any], Any]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class TransportSpec:
+    """A way to move tensors between stages: ``factory(options)`` returns a ``omni_core.comm.Transport``."""
+
+    name: str
+    factory: Callable[[dict[str, Any]], Any]
+    description: str = ""
+    cross_process: bool = True
+    cross_host: bool = False
