@@ -1,0 +1,38 @@
+"""A new user's path: `pip install ./core` into a new virtual environment gives a working `omni`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_pip_install_core_into_a_new_venv_lists_the_builtins(tmp_path):
+    venv = tmp_path / "venv"
+    # System site-packages stand in for the registry: the dependencies are already on disk here.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    # The wheel is built by this Python's setuptools (a new venv's bundled one may be too old to build).
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(wheels), str(ROOT / "core")], check=True, capture_output=True, cwd=tmp_path)
+    (wheel,) = wheels.glob("omni_core-*.whl")
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--disable-pip-version-check", str(wheel)], check=True, capture_output=True, cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMNI_PLUGINS")}
+    env["OMNI_PLUGINS"] = ""
+    out = subprocess.run([str(venv / "bin" / "omni"), "plugins", "list", "--json"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    items = {item["name"]: item for item in json.loads(out.stdout)}
+    assert set(items) == {"platforms", "transports", "engines"}
+    assert all(item["status"] == "ok" and item["dist"] == "omni-core" for item in items.values())
+    version = subprocess.run([str(venv / "bin" / "omni"), "--version"], env=env, capture_output=True, text=True)
+    assert version.stdout.strip() == "omni, version 0.1.0"
+    # the installed copy, not the source tree, answered
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import omni_core; print(omni_core.__file__)"],
+                           env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert str(venv) in where.stdout

@@ -1,0 +1,42 @@
+"""`omni plugins new` writes a package that installs, lists with status ok, and passes its own test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.packaging import env_with_path, pip_install_target, plugins_json, run_omni
+
+
+@pytest.mark.parametrize("kind", ["family", "platform"])
+def test_new_plugin_installs_lists_and_passes_its_test(tmp_path, kind):
+    name = f"acme-{kind}"
+    result = run_omni(["plugins", "new", name, "--kind", kind, "--dir", str(tmp_path)], env_with_path())
+    assert result.returncode == 0, result.stderr
+    package = tmp_path / f"omni-{name}"
+    assert {p.name for p in package.iterdir()} >= {"pyproject.toml", "README.md", "tests"}
+
+    site = tmp_path / "site"
+    pip_install_target([package], site)
+    env = env_with_path(site)
+    record = {item["name"]: item for item in plugins_json(env)}[name]
+    assert record["status"] == "ok", record["error"]
+    assert record["dist"] == f"omni-{name}"
+    provided = record["provides"]["families" if kind == "family" else "platforms"]
+    assert provided == [name]
+
+    test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package / "tests")],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert test.returncode == 0, test.stdout + test.stderr
+    assert "1 passed" in test.stdout
+
+
+def test_new_plugin_refuses_bad_names_and_existing_folders(tmp_path):
+    bad = run_omni(["plugins", "new", "Acme TTS", "--dir", str(tmp_path)], env_with_path())
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "lowercase" in bad.stderr
+    assert run_omni(["plugins", "new", "acme", "--dir", str(tmp_path)], env_with_path()).returncode == 0
+    again = run_omni(["plugins", "new", "acme", "--dir", str(tmp_path)], env_with_path())
+    assert again.returncode == 2 and "already exists" in again.stderr
