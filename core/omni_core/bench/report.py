@@ -1,0 +1,84 @@
+"""The terminal side of a run: a progress bar per level, then one table of every level."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from omni_core.bench.load import LoadPlan
+from omni_core.bench.records import RequestRecord
+from omni_core.bench.summary import LevelSummary
+
+
+class RichReporter:
+    """Shows progress while a level runs and prints each failure's reason once per kind."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self._progress: Progress | None = None
+        self._task = None
+        self._seen_errors: set[str] = set()
+
+    def level_started(self, plan: LoadPlan) -> None:
+        rate = f", {plan.request_rate:g} req/s" if plan.request_rate else ""
+        self._progress = Progress(
+            TextColumn(f"concurrency {plan.concurrency}{rate}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), console=self.console,
+            transient=True,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("requests", total=plan.num_requests, failed=0)
+
+    def request_done(self, record: RequestRecord) -> None:
+        failed = self._progress.tasks[0].fields["failed"] + (0 if record.ok else 1)
+        self._progress.update(self._task, advance=1, failed=failed)
+        if not record.ok and record.error_key not in self._seen_errors:
+            self._seen_errors.add(record.error_key)
+            self._progress.console.print(f"[yellow]{record.error_key}[/]: {record.detail}")
+
+    def level_finished(self, summary: LevelSummary) -> None:
+        self._progress.stop()
+        self.console.print(
+            f"concurrency {summary.concurrency}: {summary.completed}/{summary.num_requests} ok "
+            f"in {summary.duration_s:.2f} s"
+        )
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _triple(values: dict, digits: int = 1) -> str:
+    return " / ".join(_fmt(values.get(k), digits) for k in ("p50", "p95", "p99"))
+
+
+def results_table(result: dict) -> Table:
+    """Rows are metrics and columns are concurrency levels, so three levels fit any terminal."""
+    config = result["config"]
+    first_output = "first audio" if result.get("sample_rate") or config["endpoint"] == "speech" else "first token"
+    mode = "stream" if config["stream"] else "no stream"
+    table = Table(title=f"omni bench: {config['endpoint']} ({mode}) on {config['base_url']}, model {result['model']}")
+    table.add_column("metric", style="bold")
+    levels = result["levels"]
+    for level in levels:
+        rate = f" @ {level['request_rate']:g}/s" if level["request_rate"] else ""
+        table.add_column(f"c={level['concurrency']}{rate}", justify="right")
+
+    def row(label: str, render) -> None:
+        table.add_row(label, *(render(level) for level in levels))
+
+    row("requests ok / sent", lambda lv: f"{lv['completed']} / {lv['num_requests']}")
+    row("duration (s)", lambda lv: _fmt(lv["duration_s"], 2))
+    row("request throughput (req/s)", lambda lv: _fmt(lv["request_throughput"], 2))
+    row("audio seconds / wall second", lambda lv: _fmt(lv["audio_seconds_per_second"], 2))
+    row(f"time to {first_output} p50/p95/p99 (ms)", lambda lv: _triple(lv["time_to_first_output_ms"]))
+    row("latency p50/p95/p99 (ms)", lambda lv: _triple(lv["latency_ms"]))
+    row("real-time factor mean", lambda lv: _fmt(lv["rtf"]["mean"], 3))
+    row("real-time factor p50/p95/p99", lambda lv: _triple(lv["rtf"], 3))
+    if config["stream"] and any(lv["output_audio_seconds"] for lv in levels):
+        row("underrun total (s), requests", lambda lv: f"{_fmt(lv['underrun_s']['total'], 2)}, "
+                                                         f"{lv['requests_with_underrun']}")
+        row("underrun p50/p95/p99 (s)", lambda lv: _triple(lv["underrun_s"], 3))
+    row("errors by status", lambda lv: ", ".join(f"{k}: {v}" for k, v in lv["errors"].items()) or "none")
+    return table
