@@ -219,16 +219,25 @@ class RequestSender:
             record.fail("protocol", "chat stream ended without [DONE]", time.perf_counter())
 
 
+def _error_message(body: bytes) -> str:
+    """The message of an OpenAI-shaped error body, else the body itself."""
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body.decode("utf-8", "replace")
+
+
+def _raise_for_error(response: httpx.Response) -> None:
+    if not response.is_success:
+        raise ValueError(f"HTTP {response.status_code}: {_error_message(response.content)}")
+
+
 async def _accepted(response: httpx.Response, record: RequestRecord) -> bool:
-    """Records the status; for an error reads the OpenAI-shaped message and returns False."""
+    """Records the status; for an error reads the server's message and returns False."""
     record.status = response.status_code
     if response.is_success:
         return True
-    body = await response.aread()
-    try:
-        message = json.loads(body)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = body.decode("utf-8", "replace")
+    message = _error_message(await response.aread())
     record.fail("http", f"{response.status_code}: {message}", time.perf_counter())
     return False
 
@@ -247,15 +256,14 @@ async def _read_wav(response: httpx.Response, record: RequestRecord) -> None:
 async def probe_sample_rate(client: httpx.AsyncClient, sender: RequestSender, item: BenchItem) -> int:
     """Learns the server's output sample rate from one whole wav response (also a warm-up)."""
     if sender.options.endpoint == "chat":
-        body = {**sender.chat_body(item, stream=False)}
-        response = await client.post("/v1/chat/completions", json=body)
-        response.raise_for_status()
+        response = await client.post("/v1/chat/completions", json=sender.chat_body(item, stream=False))
+        _raise_for_error(response)
         audio = response.json()["choices"][0]["message"].get("audio") or {}
         if not audio.get("data"):
             raise ValueError("the chat reply carries no audio; does the model support audio output?")
         wav = base64.b64decode(audio["data"])
     else:
         response = await client.post("/v1/audio/speech", json=sender.speech_body(item, "wav", stream=False))
-        response.raise_for_status()
+        _raise_for_error(response)
         wav = response.content
     return int(soundfile.info(io.BytesIO(wav)).samplerate)

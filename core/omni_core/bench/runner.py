@@ -79,8 +79,8 @@ async def _run(config: BenchConfig, reporter: Reporter | None) -> dict:
             try:
                 options.sample_rate = await probe_sample_rate(client, sender, items[0])
             except (httpx.HTTPError, ValueError) as exc:
-                raise BenchError(f"could not learn the server's sample rate from a wav request: {exc}; "
-                                 "pass --sample-rate") from exc
+                raise BenchError(f"the request that learns the server's sample rate (a whole wav) failed: "
+                                 f"{exc}; fix the request, or pass --sample-rate to skip it") from exc
             warmup_sent += 1
         for index in range(max(config.warmup - warmup_sent, 0)):
             warm = await sender.send(client, items[index % len(items)])
