@@ -1,0 +1,1 @@
+"""comm layer of omni-core."""

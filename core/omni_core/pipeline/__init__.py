@@ -1,0 +1,22 @@
+"""The pipeline layer: stage topologies, the runtime that places and connects stages, request handles."""
+
+from omni_core.pipeline.handle import OutputEvent, RequestFailed, RequestHandle
+from omni_core.pipeline.runtime import Pipeline, PipelineFull
+from omni_core.pipeline.topology import Edge, StageSpec, Topology, TopologyError
+from omni_core.pipeline.validation import JOINED_PORT
+from omni_core.scheduler.executor import Message, StageContext
+
+__all__ = [
+    "JOINED_PORT",
+    "Edge",
+    "Message",
+    "OutputEvent",
+    "Pipeline",
+    "PipelineFull",
+    "RequestFailed",
+    "RequestHandle",
+    "StageContext",
+    "StageSpec",
+    "Topology",
+    "TopologyError",
+]

@@ -1,0 +1,275 @@
+"""The pipeline runtime: places stages, routes their messages along edges, tracks requests.
+
+Every stage runs an executor on its own thread(s). A stage placed in a process is represented
+here by a ``ProcessStage`` (an executor that forwards over zmq to a child running the same
+executor code), so routing is one code path for every placement. Emits are routed on the
+emitting thread: terminal events go to the request's handle, messages to the next executors.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from omni_core.pipeline.handle import OutputEvent, RequestFailed, RequestHandle
+from omni_core.pipeline.routing import RequestPlan, Routes
+from omni_core.pipeline.stage_host import build_executor, release_request
+from omni_core.pipeline.topology import Topology, TopologyError
+from omni_core.scheduler.executor import Executor, Message
+
+PLACEMENTS = ("inproc", "process")
+
+
+class PipelineFull(RuntimeError):
+    """``max_running`` requests are in flight; retry later."""
+
+
+class _Request:
+    __slots__ = ("handle", "plan")
+
+    def __init__(self, handle: RequestHandle, plan: RequestPlan):
+        self.handle = handle
+        self.plan = plan
+
+
+class Pipeline:
+    """Runs a ``Topology``. See docs/runtime.md for placement, transports, faults and limits."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        stage_mode: str = "inproc",
+        placement: dict[str, str] | None = None,
+        transport: str = "shm",
+        device: str = "cpu",
+        plugin_manager: Any = None,
+        rebuild: Callable[[], Topology] | None = None,
+        control: str = "ipc",
+        max_running: int = 1024,
+    ):
+        topology.validate()
+        if plugin_manager is None:
+            from omni_core.hooks import get_plugin_manager
+
+            plugin_manager = get_plugin_manager()
+        self.topology = topology
+        self.plugin_manager = plugin_manager
+        self.device = device
+        self.transport_name = transport
+        self.control = control
+        self.rebuild = rebuild
+        self.max_running = max_running
+        self.routes = Routes(topology)
+        self.placement = self._resolve_placement(stage_mode, placement or {})
+        if any(p == "process" for p in self.placement.values()):
+            self._check_process_placement()
+        self.prefix = f"omni-{uuid.uuid4().hex[:10]}"  # names this pipeline's shm segments and sockets
+        self.executors: dict[str, Executor] = {}
+        self._requests: dict[str, _Request] = {}
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._transport = None
+
+    # -- configuration ----------------------------------------------------------------------------
+
+    def _resolve_placement(self, stage_mode: str, placement: dict[str, str]) -> dict[str, str]:
+        if stage_mode not in PLACEMENTS:
+            raise ValueError(f"stage_mode must be one of {list(PLACEMENTS)}, got {stage_mode!r}")
+        names = [s.name for s in self.topology.stages]
+        for stage, where in placement.items():
+            if stage not in names:
+                raise TopologyError(f"placement names unknown stage {stage!r}; stages: {names}")
+            if where not in PLACEMENTS:
+                raise ValueError(f"placement of {stage!r} must be one of {list(PLACEMENTS)}, got {where!r}")
+        return {name: placement.get(name, stage_mode) for name in names}
+
+    def _check_process_placement(self) -> None:
+        if self.rebuild is None:
+            raise ValueError(
+                "stages placed in processes need rebuild=: a picklable callable returning the topology"
+            )
+        spec = self.plugin_manager.transport(self.transport_name)
+        if not spec.cross_process:
+            raise ValueError(
+                f"transport {self.transport_name!r} cannot cross processes; use one of "
+                f"{sorted(n for n, s in self.plugin_manager.transports().items() if s.cross_process)}"
+            )
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> Pipeline:
+        if self._started:
+            return self
+        if self._closed:
+            raise RuntimeError("pipeline was shut down")
+        needs_transport = any(p == "process" for p in self.placement.values())
+        try:
+            if needs_transport:
+                self._transport = self._make_transport()
+            for stage in self.topology.stages:
+                device = stage.device or self.device
+                emit, fail = self._callbacks(stage.name)
+                if self.placement[stage.name] == "process":
+                    from omni_core.pipeline.process_stage import ProcessStage
+
+                    executor: Executor = ProcessStage(self, stage, device, emit, fail)
+                else:
+                    executor = build_executor(
+                        stage, device=device, emit=emit, fail=fail, plugin_manager=self.plugin_manager
+                    )
+                self.executors[stage.name] = executor
+            self._start_all()
+        except BaseException:
+            self.shutdown()
+            raise
+        self._started = True
+        return self
+
+    def _make_transport(self):
+        spec = self.plugin_manager.transport(self.transport_name)
+        return spec.factory({"prefix": self.prefix})
+
+    def _start_all(self) -> None:
+        """Start every executor; process stages spawn concurrently (each pays the interpreter start)."""
+        errors: dict[str, BaseException] = {}
+
+        def start_one(name: str, executor: Executor) -> None:
+            try:
+                executor.start()
+            except BaseException as exc:
+                errors[name] = exc
+
+        threads = [
+            threading.Thread(target=start_one, args=(n, e), daemon=True) for n, e in self.executors.items()
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            name, exc = next(iter(errors.items()))
+            raise RuntimeError(f"stage {name!r} failed to start: {exc}") from exc
+
+    def shutdown(self) -> None:
+        """Stop executors and stage processes, fail what is still running, free shared memory."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            running = list(self._requests.values())
+            self._requests.clear()
+        for request in running:
+            request.handle._close(RequestFailed("", "pipeline shut down"))
+        for executor in self.executors.values():
+            try:
+                executor.stop()
+            except Exception:  # keep stopping the others
+                pass
+        if self._transport is not None:
+            self._transport.close()
+
+    def __enter__(self) -> Pipeline:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def submit(self, inputs: dict[str, Any], request_id: str | None = None) -> RequestHandle:
+        """Start a request; non-blocking. Raises ``PipelineFull`` past ``max_running``."""
+        if not self._started or self._closed:
+            raise RuntimeError("pipeline is not running: call start() first")
+        if not isinstance(inputs, dict):
+            raise TypeError(f"inputs must be a dict, got {type(inputs).__name__}")
+        request_id = request_id or uuid.uuid4().hex
+        plan = self.routes.plan(inputs)
+        if not plan.expected:
+            raise TopologyError("this request reaches no terminal output")
+        handle = RequestHandle(request_id, self, tuple(sorted(plan.expected)))
+        with self._lock:
+            if request_id in self._requests:
+                raise ValueError(f"request id {request_id!r} is already running")
+            if len(self._requests) >= self.max_running:
+                raise PipelineFull(f"{len(self._requests)} requests running (max_running={self.max_running})")
+            self._requests[request_id] = _Request(handle, plan)
+        entry = Message(request_id, self.routes.entry_port, inputs, True, 0)
+        self.executors[self.routes.entry_stage].submit(entry)
+        return handle
+
+    def abort(self, request_id: str) -> None:
+        """Stop the request in every stage and free its state; its handle's iteration ends."""
+        with self._lock:
+            request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        request.handle._close(aborted=True)
+        self._drop(request_id, request.plan, abort=True)
+
+    def _drop(self, request_id: str, plan: RequestPlan, abort: bool) -> None:
+        for stage in plan.reached:
+            executor = self.executors.get(stage)
+            if executor is None:
+                continue
+            try:
+                executor.abort(request_id) if abort else release_request(executor, request_id)
+            except Exception:  # one stage's cleanup must not block the others'
+                pass
+        if self._transport is not None:
+            self._transport.release(request_id)
+
+    def _callbacks(self, stage: str):
+        def emit(message: Message) -> None:
+            self._route(stage, message)
+
+        def fail(request_id: str, error: str) -> None:
+            self._fail(stage, request_id, error)
+
+        return emit, fail
+
+    def _route(self, stage: str, message: Message) -> None:
+        with self._lock:
+            request = self._requests.get(message.request_id)
+            if request is None:
+                return  # finished, failed or aborted: late messages are dropped
+            events, deliveries = request.plan.route(self.routes, stage, message)
+            for name, msg in events:
+                request.handle._push(OutputEvent(name, msg.payload, msg.end, msg.seq))
+            finished = request.plan.complete
+            if finished:
+                del self._requests[message.request_id]
+                request.handle._close()
+        if finished:
+            self._drop(message.request_id, request.plan, abort=False)
+            return
+        for dst, msg in deliveries:
+            self.executors[dst].submit(msg)
+
+    def _fail(self, stage: str, request_id: str, error: str) -> None:
+        with self._lock:
+            request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        request.handle._close(RequestFailed(stage, error))
+        self._drop(request_id, request.plan, abort=True)
+
+    # -- introspection ----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            running = len(self._requests)
+        stages = {}
+        for name, executor in self.executors.items():
+            stats = dict(executor.stats())
+            stats.setdefault("queue_depth", 0)
+            stats["placement"] = self.placement[name]
+            stages[name] = stats
+        return {"running": running, "stages": stages}
+
+    def running(self) -> list[str]:
+        with self._lock:
+            return list(self._requests)

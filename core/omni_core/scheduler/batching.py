@@ -1,0 +1,277 @@
+"""The ``fn`` and ``batch`` executors: non-autoregressive stages (frontends, encoders, vocoders).
+
+Both run the stage's worker on one thread fed by a bounded queue. ``fn`` calls
+``worker(message, emit)`` once per message. ``batch`` groups messages of concurrent requests
+within ``options["batch_window_ms"]`` up to ``options["max_batch"]`` and calls
+``worker.process(messages, emit)``; a batch holds at most one message per request, so a stream's
+chunks reach the worker in order and never two at once.
+
+A worker exception fails only the request(s) it concerns. ``fn`` emits as the worker calls
+``emit`` (streams flow chunk by chunk); ``batch`` emits after ``process`` returns, so a failed
+batch can be retried one message at a time without emitting anything twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any
+
+from omni_core.scheduler.executor import Executor, Message, StageContext
+
+DEFAULT_MAX_QUEUE = 1024
+
+
+class RequestGone(Exception):
+    """Raised inside a worker's ``emit`` when its request was aborted or failed meanwhile, so a
+    long call (a loop emitting chunks) stops at its next emit; the executor swallows it."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` plus the innermost frame, enough to find the failing line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+class _QueuedExecutor(Executor):
+    """A bounded message queue drained by one worker thread; per-request state keyed by id."""
+
+    thread_label = "stage"
+
+    def __init__(self, stage: Any, context: StageContext):
+        super().__init__(stage, context)
+        options = {**getattr(stage, "options", {}), **context.options}
+        self.options = options
+        self.max_queue = int(options.get("max_queue", DEFAULT_MAX_QUEUE))
+        self._queue: deque[Message] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._seq: dict[tuple[str, str], int] = {}  # (request id, output port) -> next seq
+        self._seq_lock = threading.Lock()
+        self._known: set[str] = set()  # requests that reached this stage and are not released
+        self.worker: Any = None
+        self.processed = 0
+        self.busy = 0  # worker calls in progress
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.worker = self.stage.factory(self.context)
+        self._check_worker(self.worker)
+        self._thread = threading.Thread(
+            target=self._run, name=f"omni-{self.thread_label}-{self.context.stage}", daemon=True
+        )
+        self._thread.start()
+
+    def _check_worker(self, worker: Any) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._queue.clear()
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def submit(self, message: Message) -> None:
+        """Queue a message. When the queue is full the caller waits (backpressure upstream)."""
+        with self._cond:
+            while len(self._queue) >= self.max_queue and not self._stopping:
+                self._cond.wait(timeout=0.1)
+            if self._stopping:
+                return
+            self._known.add(message.request_id)
+            self._queue.append(message)
+            self._cond.notify_all()
+
+    def abort(self, request_id: str) -> None:
+        with self._cond:
+            if any(m.request_id == request_id for m in self._queue):
+                self._queue = deque(m for m in self._queue if m.request_id != request_id)
+                self._cond.notify_all()
+        self.release(request_id)
+
+    def release(self, request_id: str) -> None:
+        """The request finished (or was aborted): free its state here and in the worker."""
+        with self._cond:
+            self._known.discard(request_id)
+        with self._seq_lock:
+            for key in [k for k in self._seq if k[0] == request_id]:
+                del self._seq[key]
+        release = getattr(self.worker, "release", None)
+        if release is not None:
+            try:
+                release(request_id)
+            except Exception as exc:  # a broken release must not stop the stage
+                self.context.fail(request_id, f"release failed: {describe_error(exc)}")
+
+    def stats(self) -> dict[str, float]:
+        with self._cond:
+            return {
+                "queue_depth": len(self._queue),
+                "running": len(self._known),
+                "busy": self.busy,
+                "processed": self.processed,
+            }
+
+    # -- worker side ------------------------------------------------------------------------------
+
+    def _next_seq(self, request_id: str, port: str) -> int:
+        with self._seq_lock:
+            seq = self._seq.get((request_id, port), 0)
+            self._seq[(request_id, port)] = seq + 1
+            return seq
+
+    def _flush(self, pending: list[tuple[str, str, dict, bool]]) -> None:
+        for request_id, port, payload, end in pending:
+            if request_id not in self._known:
+                continue  # aborted while the worker ran
+            self.context.emit(Message(request_id, port, payload, end, self._next_seq(request_id, port)))
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class FnExecutor(_QueuedExecutor):
+    """One call of ``worker(message, emit)`` per message; ``emit(port, payload, end=True)``."""
+
+    thread_label = "fn"
+
+    def _check_worker(self, worker: Any) -> None:
+        if not callable(worker):
+            raise TypeError(
+                f"stage {self.context.stage!r}: an 'fn' factory must return a callable "
+                f"worker(message, emit), got {type(worker).__name__}"
+            )
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                message = self._queue.popleft()
+                self._cond.notify_all()
+            self._call(message)
+
+    def _call(self, message: Message) -> None:
+        """Emits go out as the worker makes them (a stream's first chunk must not wait for the
+        last); an emit after the request is gone raises ``RequestGone`` to stop the call."""
+        request_id = message.request_id
+
+        def emit(port: str, payload: dict | None = None, end: bool = True) -> None:
+            if request_id not in self._known:
+                raise RequestGone(request_id)
+            seq = self._next_seq(request_id, port)
+            self.context.emit(Message(request_id, port, payload if payload is not None else {}, end, seq))
+
+        self.busy = 1
+        try:
+            self.worker(message, emit)
+            self.processed += 1
+        except RequestGone:
+            pass
+        except Exception as exc:
+            self.context.fail(request_id, describe_error(exc))
+        finally:
+            self.busy = 0
+
+
+class BatchExecutor(_QueuedExecutor):
+    """Groups messages of different requests: ``worker.process(messages, emit)`` with
+    ``emit(request_id, port, payload, end=True)``. Options: ``batch_window_ms`` (default 2),
+    ``max_batch`` (default 16), ``max_queue``."""
+
+    thread_label = "batch"
+
+    def __init__(self, stage: Any, context: StageContext):
+        super().__init__(stage, context)
+        self.window_s = float(self.options.get("batch_window_ms", 2.0)) / 1000.0
+        self.max_batch = max(1, int(self.options.get("max_batch", 16)))
+        self.batches = 0
+
+    def _check_worker(self, worker: Any) -> None:
+        if not callable(getattr(worker, "process", None)):
+            raise TypeError(
+                f"stage {self.context.stage!r}: a 'batch' factory must return an object with "
+                f"process(messages, emit), got {type(worker).__name__}"
+            )
+
+    def _take_batch(self) -> list[Message]:
+        """Called with the lock held and the queue non-empty: one message per request, oldest first."""
+        batch: list[Message] = []
+        seen: set[str] = set()
+        rest: deque[Message] = deque()
+        while self._queue and len(batch) < self.max_batch:
+            message = self._queue.popleft()
+            if message.request_id in seen:
+                rest.append(message)
+            else:
+                seen.add(message.request_id)
+                batch.append(message)
+        rest.extend(self._queue)
+        self._queue = rest
+        self._cond.notify_all()
+        return batch
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                deadline = time.monotonic() + self.window_s
+                while len({m.request_id for m in self._queue}) < self.max_batch and not self._stopping:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(timeout=left)
+                if self._stopping:
+                    return
+                batch = self._take_batch()
+            self._process(batch)
+
+    def _call(self, messages: list[Message]) -> list[tuple[str, str, dict, bool]]:
+        pending: list[tuple[str, str, dict, bool]] = []
+
+        def emit(request_id: str, port: str, payload: dict | None = None, end: bool = True) -> None:
+            pending.append((request_id, port, payload if payload is not None else {}, end))
+
+        self.worker.process(messages, emit)
+        return pending
+
+    def _process(self, batch: list[Message]) -> None:
+        self.busy = 1
+        try:
+            self._process_batch(batch)
+        finally:
+            self.busy = 0
+
+    def _process_batch(self, batch: list[Message]) -> None:
+        try:
+            pending = self._call(batch)
+        except Exception as exc:
+            if len(batch) == 1:
+                self.context.fail(batch[0].request_id, describe_error(exc))
+                return
+            for message in batch:  # find the request that broke the batch; the others go on
+                self._process_batch([message])
+            return
+        self.batches += 1
+        self.processed += len(batch)
+        self._flush(pending)
+
+    def stats(self) -> dict[str, float]:
+        stats = super().stats()
+        stats["batches"] = self.batches
+        stats["mean_batch_size"] = self.processed / self.batches if self.batches else 0.0
+        return stats
