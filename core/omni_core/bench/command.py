@@ -85,6 +85,9 @@ def serve(json_out: str | None, **options) -> None:
     except (BenchError, DatasetError) as exc:
         console.print(f"[red]error:[/] {exc}")
         sys.exit(2)
+    except KeyboardInterrupt:
+        console.print("interrupted: no results")
+        sys.exit(130)
     console.print(results_table(result))
     if json_out == "-":
         click.echo(json.dumps(result, indent=2))

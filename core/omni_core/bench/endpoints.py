@@ -195,6 +195,7 @@ class RequestSender:
                 reply = json.loads(await response.aread())
                 now = time.perf_counter()
                 message = reply["choices"][0]["message"]
+                record.output_tokens = int((reply.get("usage") or {}).get("completion_tokens") or 0)
                 record.add_text(now, message.get("content") or "")
                 if message.get("audio"):
                     wav = base64.b64decode(message["audio"]["data"])
@@ -210,6 +211,8 @@ class RequestSender:
                 if "error" in chunk:
                     record.fail("stream_error", json.dumps(chunk["error"]), now)
                     return
+                if chunk.get("usage"):
+                    record.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
                     record.add_text(now, delta.get("content") or "")

@@ -23,6 +23,7 @@ class RequestRecord:
     chunks: list[tuple[float, float]] = field(default_factory=list)
     input_audio_seconds: float = 0.0  # audio sent (transcriptions, audio chat)
     output_text: str = ""
+    output_tokens: int = 0  # completion tokens, where the server reports usage
 
     @property
     def ok(self) -> bool:

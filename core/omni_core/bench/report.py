@@ -71,11 +71,16 @@ def results_table(result: dict) -> Table:
     row("requests ok / sent", lambda lv: f"{lv['completed']} / {lv['num_requests']}")
     row("duration (s)", lambda lv: _fmt(lv["duration_s"], 2))
     row("request throughput (req/s)", lambda lv: _fmt(lv["request_throughput"], 2))
-    row("audio seconds / wall second", lambda lv: _fmt(lv["audio_seconds_per_second"], 2))
+    has_audio = any(lv["output_audio_seconds"] or lv["input_audio_seconds"] for lv in levels)
+    if has_audio:
+        row("audio seconds / wall second", lambda lv: _fmt(lv["audio_seconds_per_second"], 2))
+    if any(lv["output_tokens_per_second"] for lv in levels):
+        row("output tokens / wall second", lambda lv: _fmt(lv["output_tokens_per_second"], 1))
     row(f"time to {first_output} p50/p95/p99 (ms)", lambda lv: _triple(lv["time_to_first_output_ms"]))
     row("latency p50/p95/p99 (ms)", lambda lv: _triple(lv["latency_ms"]))
-    row("real-time factor mean", lambda lv: _fmt(lv["rtf"]["mean"], 3))
-    row("real-time factor p50/p95/p99", lambda lv: _triple(lv["rtf"], 3))
+    if has_audio:
+        row("real-time factor mean", lambda lv: _fmt(lv["rtf"]["mean"], 3))
+        row("real-time factor p50/p95/p99", lambda lv: _triple(lv["rtf"], 3))
     if config["stream"] and any(lv["output_audio_seconds"] for lv in levels):
         row("underrun total (s), requests", lambda lv: f"{_fmt(lv['underrun_s']['total'], 2)}, "
                                                          f"{lv['requests_with_underrun']}")

@@ -52,6 +52,7 @@ class LevelSummary:
     output_audio_seconds: float
     input_audio_seconds: float
     audio_seconds_per_second: float  # audio produced (or transcribed) per wall second
+    output_tokens_per_second: float  # completion tokens per wall second (chat, from usage)
     time_to_first_output_ms: dict[str, float | None] = field(default_factory=dict)
     latency_ms: dict[str, float | None] = field(default_factory=dict)
     rtf: dict[str, float | None] = field(default_factory=dict)  # per-request latency / audio seconds
@@ -93,6 +94,7 @@ def summarize(
         output_audio_seconds=output_audio,
         input_audio_seconds=input_audio,
         audio_seconds_per_second=measured_audio / wall,
+        output_tokens_per_second=sum(r.output_tokens for r in ok) / wall,
         time_to_first_output_ms=_ms(percentiles([r.time_to_first_output for r in ok if r.first_output is not None])),
         latency_ms=_ms(percentiles([r.latency for r in ok])),
         rtf={"mean": float(np.mean(rtfs)) if rtfs else None, **percentiles(rtfs)},
