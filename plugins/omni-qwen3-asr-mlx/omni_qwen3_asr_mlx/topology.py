@@ -1,0 +1,37 @@
+"""Qwen3-ASR as an omni topology: ``frontend`` (fn: chunking, log-mel, prompt) -> ``asr``
+(mlx-asr: encoder, projector and decoder with continuous batching) -> ``text``."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from omni_core.pipeline import Edge, StageSpec, Topology
+
+from .engine import load_runtime
+from .frontend import make_frontend
+
+ENGINE = "mlx-asr"
+
+
+def build_topology(checkpoint_dir: str, options: dict[str, Any]) -> Topology:
+    options = dict(options or {})
+    return Topology(
+        stages=[
+            StageSpec(
+                "frontend", "fn", partial(make_frontend, checkpoint_dir, options), inputs=("in",), outputs=("features",)
+            ),
+            StageSpec(
+                "asr",
+                ENGINE,
+                partial(load_runtime, checkpoint_dir, options),
+                inputs=("features",),
+                outputs=("text",),
+                options={"max_batch": int(options.get("max_batch", 32))},
+            ),
+        ],
+        edges=[Edge("frontend.features", "asr.features")],
+        entry="frontend.in",
+        outputs={"text": "asr.text"},
+        name="qwen3-asr",
+    )
