@@ -1,0 +1,150 @@
+"""Paged self-attention: what a model layer calls, and the swappable backend behind it.
+
+The KV cache of one layer is a pair of tensors ``[num_slots, num_kv_heads, head_dim]`` where
+slot ``s`` is token ``s % block_size`` of block ``s // block_size``. A step's tokens are packed
+(``[T, heads, head_dim]``, sequence after sequence); ``AttentionMetadata`` says where each new
+token's KV goes (``slot_mapping``) and which blocks each sequence reads (``block_tables``).
+
+A backend implements ``prepare(meta)`` (once per step: index tensors shared by all layers) and
+``forward(q, k, v, k_cache, v_cache, meta)``. ``SdpaBackend`` gathers each sequence's KV into a
+padded batch and runs ``torch.nn.functional.scaled_dot_product_attention`` with a causal mask
+built from lengths: the same code serves prefill, chunked prefill and decode, on CPU and in
+CUDA graphs (its decode path has static shapes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Describes one step's packed batch of ``B`` sequences and ``T`` new tokens.
+
+    ``query_lens[b]`` new tokens of sequence ``b`` attend to its first ``context_lens[b]`` cache
+    positions (earlier tokens plus themselves). ``max_query_len`` is a Python int (1 for decode).
+    ``padded_index`` ([T], prefill only) is each packed token's row in the ``[B * max_query_len]``
+    padded layout and ``packed_index`` ([B * max_query_len]) the packed row of each padded one.
+    """
+
+    slot_mapping: torch.Tensor  # [T] int64
+    block_tables: torch.Tensor  # [B, max_blocks] int64
+    context_lens: torch.Tensor  # [B] int64
+    query_lens: torch.Tensor  # [B] int64
+    max_query_len: int
+    block_size: int
+    padded_index: torch.Tensor | None = None
+    packed_index: torch.Tensor | None = None
+    cache: dict[str, Any] = field(default_factory=dict)  # backend scratch, built by prepare()
+
+
+class AttentionBackend(Protocol):
+    def prepare(self, meta: AttentionMetadata) -> None: ...
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+class SdpaBackend:
+    """torch SDPA over KV gathered from the paged cache (any device)."""
+
+    name = "sdpa"
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        bt = meta.block_tables
+        bs = meta.block_size
+        device = bt.device
+        max_kv = bt.shape[1] * bs
+        pos = torch.arange(max_kv, device=device)
+        kv_slots = bt[:, pos // bs] * bs + pos % bs  # [B, max_kv]
+        q_pos = torch.arange(meta.max_query_len, device=device)
+        # query i of sequence b sits at cache position context_len - query_len + i
+        first_q = (meta.context_lens - meta.query_lens)[:, None]
+        allowed = pos[None, None, :] <= (first_q + q_pos[None, :])[:, :, None]  # [B, Q, K]
+        allowed &= pos[None, None, :] < meta.context_lens[:, None, None]
+        allowed[:, :, 0] = True  # padded query rows must see something; their output is dropped
+        meta.cache["kv_slots"] = kv_slots
+        meta.cache["mask"] = allowed[:, None]  # [B, 1, Q, K]
+
+    def forward(self, q, k, v, k_cache, v_cache, meta, scale):
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        kv_slots = meta.cache["kv_slots"]
+        B, max_kv = kv_slots.shape
+        Q = meta.max_query_len
+        heads, dim = q.shape[1], q.shape[2]
+        keys = k_cache[kv_slots.reshape(-1)].view(B, max_kv, -1, dim).transpose(1, 2)
+        values = v_cache[kv_slots.reshape(-1)].view(B, max_kv, -1, dim).transpose(1, 2)
+        if Q == 1:
+            queries = q.view(B, 1, heads, dim)
+        else:
+            queries = q[meta.packed_index].view(B, Q, heads, dim)
+        out = F.scaled_dot_product_attention(
+            queries.transpose(1, 2).to(keys.dtype),
+            keys,
+            values,
+            attn_mask=meta.cache["mask"],
+            scale=scale,
+            enable_gqa=keys.shape[1] != heads,
+        )
+        out = out.transpose(1, 2).reshape(B * Q, heads, dim)
+        if Q == 1:
+            return out.to(q.dtype)
+        return out[meta.padded_index].to(q.dtype)
+
+
+class ForwardContext:
+    """What a model's forward sees of the engine during one step.
+
+    ``attention(layer, q, k, v)`` runs paged self-attention for decoder layer ``layer`` (q: [T,
+    heads, dim], k/v: [T, kv_heads, dim]). ``extras`` lists the per-request ``extras`` dicts of
+    the batch's sequences in batch order (a family keeps, e.g., cross-attention K/V there);
+    ``query_lens`` (a Python list) says how many packed tokens each sequence has this step.
+    ``capture(index, hidden)`` records hidden states for requests that asked for that layer
+    (index 0: input embeddings, i: output of decoder layer i, counting from 1).
+    """
+
+    def __init__(
+        self,
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        is_prefill: bool,
+        extras: list[dict[str, Any]] | None = None,
+        query_lens: list[int] | None = None,
+        capture_layers: frozenset[int] = frozenset(),
+    ):
+        self.meta = meta
+        self.backend = backend
+        self.kv_caches = kv_caches
+        self.is_prefill = is_prefill
+        self.extras = extras or []
+        self.query_lens = query_lens or []
+        self.capture_layers = capture_layers
+        self.captured: dict[int, torch.Tensor] = {}
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        k_cache, v_cache = self.kv_caches[layer]
+        if scale is None:
+            scale = q.shape[-1] ** -0.5
+        return self.backend.forward(q, k, v, k_cache, v_cache, self.meta, scale)
+
+    def capture(self, index: int, hidden: torch.Tensor) -> None:
+        if index in self.capture_layers:
+            self.captured[index] = hidden

@@ -1,0 +1,166 @@
+"""Qwen2 / Qwen3 / Qwen3-MoE decoders on the paged KV cache.
+
+One backbone covers the three: Qwen2 has q/k/v biases; Qwen3 drops them and normalises q and k
+per head (``q_norm``, ``k_norm``); Qwen3-MoE swaps the MLP for routed experts in sparse layers.
+Module names follow the Hugging Face checkpoints, so official key names load directly (q/k/v and
+gate/up are fused at load time, see ``omni_core.models.loader``).
+
+The model follows the engine's ARModel protocol: ``embed(token_ids)``, ``forward(embeds,
+positions, ctx)`` and ``compute_logits(hidden)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from omni_core.models.attention import ForwardContext
+from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, rope_theta
+from omni_core.models.moe import SparseMoeBlock
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What the engine needs to size a model's paged KV cache."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+class QwenAttention(nn.Module):
+    def __init__(self, config, layer_index: int, qk_norm: bool, bias: bool):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = PackedLinear(config.hidden_size, [q_size, kv_size, kv_size], bias=bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.splits = [q_size, kv_size, kv_size]
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, ctx: ForwardContext) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = ctx.attention(self.layer_index, q, k, v)
+        return self.o_proj(out.reshape(T, -1))
+
+
+class QwenDecoderLayer(nn.Module):
+    def __init__(self, config, layer_index: int, qk_norm: bool, bias: bool, sparse: bool):
+        super().__init__()
+        self.self_attn = QwenAttention(config, layer_index, qk_norm, bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if sparse:
+            self.mlp = SparseMoeBlock(
+                config.hidden_size,
+                config.num_experts,
+                config.num_experts_per_tok,
+                config.moe_intermediate_size,
+                getattr(config, "norm_topk_prob", False),
+                getattr(config, "shared_expert_intermediate_size", 0) or 0,
+            )
+        else:
+            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x, positions, rotary, ctx):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class QwenModel(nn.Module):
+    def __init__(self, config, qk_norm: bool, bias: bool, moe: bool):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        layers = []
+        for i in range(config.num_hidden_layers):
+            sparse = moe and _is_sparse_layer(config, i)
+            layers.append(QwenDecoderLayer(config, i, qk_norm, bias, sparse))
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        head_dim = layers[0].self_attn.head_dim
+        self.rotary = RotaryEmbedding(head_dim, config.max_position_embeddings, rope_theta(config))
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = embeds
+        ctx.capture(0, x)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, self.rotary, ctx)
+            ctx.capture(i + 1, x)
+        return self.norm(x)
+
+
+def _is_sparse_layer(config, index: int) -> bool:
+    if index in (getattr(config, "mlp_only_layers", None) or []):
+        return False
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    return config.num_experts > 0 and (index + 1) % step == 0
+
+
+class QwenForCausalLM(nn.Module):
+    """Decoder + LM head. ``qk_norm``/``bias``/``moe`` select the Qwen2, Qwen3 or Qwen3-MoE layout."""
+
+    qk_norm = False
+    bias = True
+    moe = False
+
+    def __init__(self, config):
+        super().__init__()
+        if getattr(config, "use_sliding_window", False):
+            raise NotImplementedError("sliding-window attention is not supported by the shared backbones")
+        self.config = config
+        self.model = QwenModel(config, self.qk_norm, self.bias, self.moe)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        attn = self.model.layers[0].self_attn
+        self.kv_cache_spec = KVCacheSpec(config.num_hidden_layers, attn.num_kv_heads, attn.head_dim)
+        # MoE routing sizes its expert matmuls from the data: no static graph for it
+        self.supports_cuda_graphs = not self.moe
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(token_ids)
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        return self.model(embeds, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight)
+
+
+class Qwen2ForCausalLM(QwenForCausalLM):
+    qk_norm, bias, moe = False, True, False
+
+
+class Qwen3ForCausalLM(QwenForCausalLM):
+    qk_norm, bias, moe = True, False, False
+
+    def __init__(self, config):
+        self.bias = bool(getattr(config, "attention_bias", False))
+        super().__init__(config)
+
+
+class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    qk_norm, moe = True, True

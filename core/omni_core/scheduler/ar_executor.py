@@ -1,0 +1,87 @@
+"""The ``ar`` executor: a stage whose worker is an ``ARStageWorker``, run on an AREngine in a thread."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from omni_core.scheduler.ar_stage import ARStageWorker
+from omni_core.scheduler.engine import AREngine, RequestOutput
+from omni_core.scheduler.engine_loop import EngineLoop
+from omni_core.scheduler.executor import Executor, Message
+
+log = logging.getLogger(__name__)
+
+
+class ARExecutor(Executor):
+    """Messages become engine requests (``worker.make_request``); every step's new tokens go to
+    ``worker.on_output`` with an ``emit`` bound to the request. ``abort`` frees KV blocks before
+    the next step. A request that fails (bad input, a raising handler) fails alone."""
+
+    def start(self) -> None:
+        worker = self.stage.factory(self.context)
+        if not isinstance(worker, ARStageWorker):
+            raise TypeError(f"stage {self.context.stage!r}: an 'ar' factory must return an ARStageWorker, got {type(worker).__name__}")
+        self.worker = worker
+        hooks = worker.hooks
+        pm = self.context.plugin_manager
+        if hooks is None and pm is not None and hasattr(pm, "pm"):
+            family = self.context.options.get("family", "")
+            hooks = pm.pm.hook.omni_stage_hooks(family=family, stage=self.context.stage, options=self.context.options)
+        self.engine = AREngine(worker.model, worker.engine_config, hooks=hooks, device=self.context.device)
+        self._seq: dict[str, dict[str, int]] = {}  # request id -> port -> next chunk number
+        self._aborting: set[str] = set()  # aborted, but the loop may still deliver one step
+        self.loop = EngineLoop(self.engine, self._deliver, self._fail, name=f"ar-{self.context.stage}", on_abort=self._aborted)
+        self.loop.start()
+
+    def submit(self, message: Message) -> None:
+        self.loop.add(message.request_id, lambda: self.worker.make_request(message))
+
+    def abort(self, request_id: str) -> None:
+        self._aborting.add(request_id)
+        self.loop.abort(request_id)
+
+    def _aborted(self, request_id: str) -> None:
+        self._aborting.discard(request_id)
+        self._forget(request_id)
+
+    def stop(self) -> None:
+        loop = getattr(self, "loop", None)
+        if loop is not None:
+            loop.stop()
+
+    def stats(self) -> dict[str, float]:
+        loop = getattr(self, "loop", None)
+        return dict(loop.stats) if loop is not None else {}
+
+    def _emitter(self, request_id: str):
+        def emit(port: str, payload: dict[str, Any], end: bool = False) -> None:
+            counters = self._seq.setdefault(request_id, {})
+            seq = counters.get(port, 0)
+            counters[port] = seq + 1
+            self.context.emit(Message(request_id, port, payload, end=end, seq=seq))
+
+        return emit
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            if out.request_id in self._aborting:
+                continue
+            try:
+                self.worker.on_output(out.request_id, out.new_token_ids, out.finished, out.step_outputs, self._emitter(out.request_id))
+            except Exception as exc:
+                log.exception("on_output failed for %s", out.request_id)
+                self.engine.abort(out.request_id)  # runs in the loop thread: safe
+                self._fail(out.request_id, f"{type(exc).__name__}: {exc}")
+                continue
+            if out.finished:
+                self._forget(out.request_id)
+
+    def _fail(self, request_id: str, error: str) -> None:
+        self._forget(request_id)
+        if request_id in self._aborting:
+            return
+        self.context.fail(request_id, error)
+
+    def _forget(self, request_id: str) -> None:
+        self._seq.pop(request_id, None)

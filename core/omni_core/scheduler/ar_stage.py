@@ -1,0 +1,82 @@
+"""What an ``ar`` stage's factory returns: the model, its hooks, the engine sizing, and the
+translation between stage messages and engine requests.
+
+The model follows the ARModel protocol (the shared Qwen backbones do, and so can a family's own
+layer stack):
+
+- ``embed(token_ids [T]) -> [T, H]``
+- ``forward(embeds [T, H], positions [T], ctx: ForwardContext) -> hidden [T, H]``; each layer
+  calls ``ctx.attention(layer_index, q, k, v)`` for paged self-attention and may read
+  ``ctx.extras`` (per-sequence dicts, batch order) and ``ctx.query_lens``;
+- ``compute_logits(hidden [N, H]) -> [N, V]``
+- ``kv_cache_spec`` (``KVCacheSpec(num_layers, num_kv_heads, head_dim)``), ``hidden_size``,
+  optional ``supports_cuda_graphs`` (True only if forward depends on nothing but its tensors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from omni_core.scheduler.engine import EngineConfig, EngineRequest
+from omni_core.scheduler.executor import Message
+from omni_core.scheduler.sampling_params import SamplingParams
+
+# emit(port, payload, end=False): the request id is bound by the executor
+Emit = Callable[..., None]
+
+_SAMPLING_KEYS = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "seed"}
+
+
+def sampling_from_payload(values: dict[str, Any] | None) -> SamplingParams:
+    """SamplingParams from a payload's ``sampling`` dict; unknown keys are an error."""
+    values = dict(values or {})
+    unknown = set(values) - _SAMPLING_KEYS
+    if unknown:
+        raise ValueError(f"unknown sampling options {sorted(unknown)}; known: {sorted(_SAMPLING_KEYS)}")
+    return SamplingParams(**{k: v for k, v in values.items() if v is not None})
+
+
+class ARStageWorker:
+    """An AR stage. Pass callables or subclass and override ``make_request`` / ``on_output``.
+
+    Defaults: the input payload carries ``prompt_token_ids`` (list of ints) or ``prompt_embeds``
+    (tensor [L, H]), an optional ``sampling`` dict and ``hidden_layers``; each new token is
+    emitted on port ``tokens`` as ``{"token_ids": [...]}``, the last message with ``end=True``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        hooks: Any = None,
+        engine_config: EngineConfig | None = None,
+        make_request: Callable[[Message], EngineRequest] | None = None,
+        on_output: Callable[[str, list[int], bool, dict[str, Any], Emit], None] | None = None,
+    ):
+        self.model = model
+        self.hooks = hooks
+        self.engine_config = engine_config or EngineConfig()
+        if make_request is not None:
+            self.make_request = make_request  # type: ignore[method-assign]
+        if on_output is not None:
+            self.on_output = on_output  # type: ignore[method-assign]
+
+    def make_request(self, message: Message) -> EngineRequest:
+        payload = message.payload
+        embeds = payload.get("prompt_embeds")
+        ids = payload.get("prompt_token_ids")
+        if embeds is not None and not isinstance(embeds, torch.Tensor):
+            embeds = torch.as_tensor(embeds)
+        return EngineRequest(
+            request_id=message.request_id,
+            prompt_token_ids=None if ids is None else [int(t) for t in ids],
+            prompt_embeds=embeds,
+            params=sampling_from_payload(payload.get("sampling")),
+            hidden_layers=tuple(payload.get("hidden_layers", ())),
+        )
+
+    def on_output(self, request_id: str, new_token_ids: list[int], finished: bool, step_outputs: dict[str, Any], emit: Emit) -> None:
+        if new_token_ids or finished:
+            emit("tokens", {"token_ids": list(new_token_ids)}, end=finished)

@@ -1,0 +1,232 @@
+"""AREngine: requests in, tokens out, one ``step()`` at a time (the caller owns the loop).
+
+``generate`` submits every prompt at once and steps until all finish (continuous batching);
+``omni_core.scheduler.async_engine.AsyncAREngine`` runs the loop in a thread and streams tokens;
+the ``ar`` stage executor drives the same ``step()``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_core.scheduler.block_manager import BlockManager
+from omni_core.scheduler.ar_scheduler import Scheduler
+from omni_core.scheduler.hooks import resolve_hooks
+from omni_core.scheduler.model_runner import ModelRunner
+from omni_core.scheduler.sampling_params import SamplingParams
+from omni_core.scheduler.sequence import Sequence
+
+DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+
+
+@dataclass
+class EngineConfig:
+    """Engine sizing. The KV cache gets ``num_kv_blocks`` blocks if set, else as many as fit
+    in ``kv_cache_bytes``, else in ``kv_cache_fraction`` of the device's free memory (CUDA) or
+    1 GiB (CPU). ``max_model_len`` (prompt + output) defaults to the model's position limit,
+    capped by the cache size."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    block_size: int = 16
+    kv_cache_bytes: int | None = None
+    kv_cache_fraction: float = 0.5
+    num_kv_blocks: int | None = None
+    max_model_len: int | None = None
+    dtype: torch.dtype | None = None
+    enable_prefix_caching: bool = True
+    cuda_graphs: bool = True
+    cuda_graph_sizes: tuple[int, ...] = DEFAULT_CUDA_GRAPH_SIZES
+    eos_token_ids: tuple[int, ...] = ()
+    attention_backend: Any = None
+
+
+@dataclass
+class EngineRequest:
+    """A request for the engine: prompt ids or prompt embeddings [L, H] (one of them), sampling,
+    ``extras`` visible to the model (ForwardContext.extras) and hooks (StepBatch.extras), and
+    ``hidden_layers`` to return per step (0: input embeddings, i: output of decoder layer i)."""
+
+    request_id: str
+    prompt_token_ids: list[int] | None = None
+    prompt_embeds: torch.Tensor | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)
+    extras: dict[str, Any] = field(default_factory=dict)
+    hidden_layers: tuple[int, ...] = ()
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: ``new_token_ids`` (0 or 1 token) and
+    ``step_outputs`` (``hidden_states`` {layer: [n, H]}, tensors hooks added)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    step_outputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationOutput:
+    request_id: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+class AREngine:
+    def __init__(self, model, config: EngineConfig | None = None, hooks: Any = None, device: str | torch.device = "cpu"):
+        self.config = config = config or EngineConfig()
+        self.device = torch.device(device)
+        self.dtype = config.dtype or next(model.parameters()).dtype
+        self.model = model
+        self.hooks = resolve_hooks(hooks)
+        per_block = ModelRunner.kv_bytes_per_block(model, config.block_size, self.dtype)
+        num_blocks = config.num_kv_blocks or max(1, self._kv_budget() // per_block)
+        model_limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 1 << 30
+        self.max_model_len = min(config.max_model_len or model_limit, model_limit, num_blocks * config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        graph_sizes = tuple(s for s in config.cuda_graph_sizes if s <= config.max_num_seqs) if config.cuda_graphs else ()
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype, self.hooks, config.attention_backend, self.max_model_len, graph_sizes)
+        self.eos_token_ids = tuple(config.eos_token_ids)
+        self.requests: dict[str, Sequence] = {}
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None, hooks: Any = None, **config_kwargs) -> AREngine:
+        """An engine over a Qwen2 / Qwen3 / Qwen3-MoE checkpoint directory (config.json + safetensors)."""
+        from omni_core.models.registry import load_causal_lm
+
+        model = load_causal_lm(path, device=device, dtype=dtype)
+        config = EngineConfig(**config_kwargs)
+        if not config.eos_token_ids:
+            config.eos_token_ids = _eos_ids(path, model.config)
+        return cls(model, config, hooks=hooks, device=device)
+
+    def _kv_budget(self) -> int:
+        if self.config.kv_cache_bytes is not None:
+            return self.config.kv_cache_bytes
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * self.config.kv_cache_fraction)
+        return 1 << 30
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a request; raises ValueError (and changes nothing) if it cannot ever run."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already running")
+        if (request.prompt_token_ids is None) == (request.prompt_embeds is None):
+            raise ValueError("give exactly one of prompt_token_ids and prompt_embeds")
+        hidden = getattr(self.model, "hidden_size", None)
+        if request.prompt_embeds is not None and hidden and request.prompt_embeds.shape[-1] != hidden:
+            raise ValueError(f"prompt_embeds width {request.prompt_embeds.shape[-1]} != model hidden size {hidden}")
+        seq = Sequence(request.request_id, request.prompt_token_ids, request.params, request.prompt_embeds, request.extras, request.hidden_layers, self.eos_token_ids)
+        vocab = self._vocab_size()
+        if request.prompt_token_ids is not None and vocab and any(not 0 <= t < vocab for t in seq.token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(seq) + request.params.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({len(seq)} tokens) + max_tokens ({request.params.max_tokens}) exceeds the engine's max_model_len {self.max_model_len}")
+        self.requests[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request and free its KV blocks now; False if it is unknown or already done."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        self._on_finish(seq)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- stepping ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        seqs, is_prefill = self.scheduler.schedule()
+        if not seqs:
+            if self.scheduler.has_work():
+                raise RuntimeError("the engine cannot schedule any request: the KV cache is too small")
+            return []
+        sample_index, tokens, step_tensors = self.runner.run(seqs, is_prefill)
+        sampled = {seqs[b].seq_id: tok for b, tok in zip(sample_index, tokens)}
+        finished = self.scheduler.postprocess(seqs, is_prefill, sampled)
+        outputs = []
+        for b, seq in enumerate(seqs):
+            token = sampled.get(seq.seq_id)
+            if token is None and b not in step_tensors:
+                continue
+            outputs.append(RequestOutput(seq.request_id, [] if token is None else [token], seq.is_finished, seq.finish_reason, step_tensors.get(b, {})))
+        for seq in finished:
+            self.requests.pop(seq.request_id, None)
+            self._on_finish(seq)
+        return outputs
+
+    def _on_finish(self, seq: Sequence) -> None:
+        hook = self.hooks.get("on_finish")
+        if hook is not None:
+            hook(seq.request_id, seq.extras, seq.finish_reason)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationOutput]:
+        """Run all prompts together to completion; one output per prompt, in order."""
+        params = params or SamplingParams()
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError("give one SamplingParams or one per prompt")
+        ids = [f"generate-{uuid.uuid4().hex}" for _ in prompts]
+        added = []
+        try:
+            for rid, prompt, p in zip(ids, prompts, plist):
+                self.add_request(EngineRequest(rid, prompt_token_ids=list(prompt), params=p))
+                added.append(rid)
+        except Exception:
+            for rid in added:
+                self.abort(rid)
+            raise
+        results = {rid: [] for rid in ids}
+        reasons: dict[str, str | None] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.request_id in results:
+                    results[out.request_id].extend(out.new_token_ids)
+                    if out.finished:
+                        reasons[out.request_id] = out.finish_reason
+        return [GenerationOutput(rid, results[rid], reasons.get(rid)) for rid in ids]
+
+    def stats(self) -> dict[str, float]:
+        bm = self.block_manager
+        return {
+            "running": len(self.scheduler.running) + len(self.scheduler.prefilling),
+            "waiting": len(self.scheduler.waiting),
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_free": bm.num_free_blocks,
+            "kv_usage": 1 - bm.num_free_blocks / bm.num_blocks,
+            "prefix_cache_hit_tokens": bm.prefix_hits,
+            "preemptions": self.scheduler.num_preemptions,
+        }
+
+    def _vocab_size(self) -> int | None:
+        cfg = getattr(self.model, "config", None)
+        return getattr(cfg, "vocab_size", None)
+
+
+def _eos_ids(path, config) -> tuple[int, ...]:
+    ids: list[int] = []
+    try:
+        from transformers import GenerationConfig
+
+        gen = GenerationConfig.from_pretrained(str(path))
+        value = gen.eos_token_id
+    except (OSError, ValueError):
+        value = getattr(config, "eos_token_id", None)
+    if value is not None:
+        ids = list(value) if isinstance(value, (list, tuple)) else [value]
+    return tuple(int(i) for i in ids)

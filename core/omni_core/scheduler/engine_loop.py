@@ -1,0 +1,108 @@
+"""A thread that owns an AREngine and steps it while work exists.
+
+Other threads talk to it only through commands (add, abort, stop) in a queue, so the engine
+itself is never touched concurrently. Aborts are applied between steps, freeing KV blocks
+before the next step is scheduled.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from omni_core.scheduler.engine import AREngine, EngineRequest, RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+class EngineLoop:
+    """``on_outputs(outputs)`` gets each step's outputs; ``on_error(request_id, message)`` gets
+    requests that could not be added or whose step failed (they are already aborted);
+    ``on_abort(request_id)`` runs once an abort is applied (no output for it follows)."""
+
+    def __init__(
+        self,
+        engine: AREngine,
+        on_outputs: Callable[[list[RequestOutput]], None],
+        on_error: Callable[[str, str], None],
+        name: str = "ar-engine",
+        on_abort: Callable[[str], None] | None = None,
+    ):
+        self.engine = engine
+        self.on_abort = on_abort
+        self.on_outputs = on_outputs
+        self.on_error = on_error
+        self.commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.stats: dict[str, float] = engine.stats()
+        self.cancelled: set[str] = set()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def add(self, request_id: str, build: Callable[[], EngineRequest]) -> None:
+        """Queue a request; ``build`` runs in the loop thread (it may raise: the request fails)."""
+        self.commands.put(("add", (request_id, build)))
+
+    def abort(self, request_id: str) -> None:
+        self.commands.put(("abort", request_id))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.commands.put(("stop", None))
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    def _apply(self, command: str, arg: Any) -> bool:
+        if command == "stop":
+            return False
+        if command == "abort":
+            if not self.engine.abort(arg) and len(self.cancelled) < 100_000:
+                self.cancelled.add(arg)  # aborted before its add was applied
+            if self.on_abort is not None:
+                self.on_abort(arg)
+            self.stats = self.engine.stats()
+        elif command == "add":
+            request_id, build = arg
+            if request_id in self.cancelled:
+                self.cancelled.discard(request_id)
+                return True
+            try:
+                self.engine.add_request(build())
+            except Exception as exc:  # bad input fails this request only
+                self.on_error(request_id, f"{type(exc).__name__}: {exc}")
+        return True
+
+    def _run(self) -> None:
+        running = True
+        while running:
+            # block only when idle; otherwise drain what arrived since the last step
+            try:
+                if not self.engine.has_unfinished():
+                    running = self._apply(*self.commands.get())
+                while running:
+                    running = self._apply(*self.commands.get_nowait())
+            except queue.Empty:
+                pass
+            if not running or not self.engine.has_unfinished():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:
+                log.exception("engine step failed")
+                self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+                continue
+            self.stats = self.engine.stats()
+            try:
+                self.on_outputs(outputs)
+            except Exception:
+                log.exception("output handler failed")
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id)
+
+    def _fail_all(self, message: str) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id)
+            self.on_error(request_id, message)

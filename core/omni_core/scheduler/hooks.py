@@ -1,0 +1,98 @@
+"""Prefill/decode hooks: how a family's AR stage steps into the engine loop.
+
+A family passes one ``ARHooks`` object per stage; the engine resolves its methods once and calls
+each at most once per engine step, with the whole batch (never per token or per sequence).
+Subclass and override what you need; the defaults do nothing.
+
+Order within a step: ``before_prefill`` / ``before_decode`` (may replace ``batch.input_embeds``)
+-> model forward -> logits of the sequences that sample this step -> ``sample`` (may replace
+the engine's sampler) -> ``post_prefill`` / ``post_decode`` (may add per-sequence tensors to
+``batch.step_outputs`` and may return replacement token ids) -> ``on_finish`` per finished request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class StepBatch:
+    """One engine step as hooks see it.
+
+    Rows of ``input_ids`` / ``input_embeds`` / ``positions`` are packed tokens (``query_lens[b]``
+    of sequence ``b``, in batch order). ``sample_index`` lists the batch positions of sequences
+    that sample a token this step (all of them in decode; in prefill, those whose prompt is now
+    complete); tensors given to ``sample`` and the post hooks have one row per entry of it.
+    ``extras[b]`` is sequence ``b``'s request ``extras`` dict, shared with the model.
+    ``past_tokens[i]`` lists the prompt ids (when the prompt was ids) and generated ids of
+    sampled sequence ``i``; ``recent_tokens(n)`` makes a padded [len(sample_index), n] tensor.
+    """
+
+    is_prefill: bool
+    request_ids: list[str]
+    extras: list[dict[str, Any]]
+    query_lens: list[int]
+    input_ids: torch.Tensor
+    input_embeds: torch.Tensor
+    positions: torch.Tensor
+    sample_index: list[int]
+    num_output_tokens: list[int]  # per sampled sequence, before this step's token
+    past_tokens: list[list[int]]
+    step_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def recent_tokens(self, n: int, pad: int = -1) -> torch.Tensor:
+        """The last ``n`` generated tokens of each sampled sequence, left-padded with ``pad``."""
+        rows = [toks[-n:] if n else [] for toks in self.past_tokens]
+        out = torch.full((len(rows), n), pad, dtype=torch.int64)
+        for i, toks in enumerate(rows):
+            if toks:
+                out[i, n - len(toks) :] = torch.tensor(toks, dtype=torch.int64)
+        return out.to(self.input_ids.device)
+
+
+class ARHooks:
+    """Base class of a stage's hooks; every method is optional."""
+
+    def before_prefill(self, batch: StepBatch) -> None:
+        """Runs before a prefill forward; may assign ``batch.input_embeds`` ([T, H])."""
+
+    def before_decode(self, batch: StepBatch) -> None:
+        """Runs before a decode forward; ``batch.input_embeds`` holds ``model.embed`` of each
+        sequence's last token and may be replaced (e.g. speech tokens through their own table)."""
+
+    def sample(self, batch: StepBatch, logits: torch.Tensor) -> torch.Tensor | None:
+        """Replace the engine's sampler: logits [N, V] -> token ids [N]; None to use the default."""
+        return None
+
+    def post_prefill(self, batch: StepBatch, hidden: torch.Tensor, logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor | None:
+        """After sampling in a prefill step; hidden [N, H] is the last position of each sampled
+        sequence. May fill ``batch.step_outputs`` ([N, ...] each) and return new token ids [N]."""
+        return None
+
+    def post_decode(self, batch: StepBatch, hidden: torch.Tensor, logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor | None:
+        """As ``post_prefill``, for a decode step."""
+        return None
+
+    def on_finish(self, request_id: str, extras: dict[str, Any], reason: str) -> None:
+        """A request left the engine: ``reason`` is "stop", "length" or "abort"."""
+
+
+def resolve_hooks(hooks: Any) -> dict[str, Any]:
+    """Bound methods a hooks object actually overrides (duck-typed objects work too), so the
+    engine skips building ``StepBatch`` data nobody reads."""
+    names = ("before_prefill", "before_decode", "sample", "post_prefill", "post_decode", "on_finish")
+    resolved = {}
+    if hooks is None:
+        return resolved
+    for name in names:
+        fn = getattr(hooks, name, None)
+        if fn is None:
+            continue
+        base = getattr(ARHooks, name)
+        if getattr(fn, "__func__", None) is base:
+            continue
+        resolved[name] = fn
+    return resolved

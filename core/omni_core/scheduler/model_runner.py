@@ -1,0 +1,235 @@
+"""Runs one engine step on the model: builds the packed batch, the paged-KV metadata, the forward,
+the logits of sampling sequences, hooks and sampling.
+
+The KV cache is one tensor ``[2, layers, (num_blocks + 1) * block_size, kv_heads, head_dim]``;
+the extra block is scratch that padded rows of a CUDA graph write into. On CUDA, decode steps of
+models that allow it replay CUDA graphs captured for a set of batch sizes (the batch is padded to
+the next captured size).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_core.models.attention import AttentionMetadata, ForwardContext, SdpaBackend
+from omni_core.scheduler.hooks import StepBatch
+from omni_core.scheduler.sampler import Sampler, build_sampling_tensors
+from omni_core.scheduler.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype, hooks: dict[str, Any], backend=None, max_model_len: int = 4096, cuda_graph_sizes: tuple[int, ...] = ()):
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.hooks = hooks
+        self.backend = backend or SdpaBackend()
+        self.sampler = Sampler()
+        spec = model.kv_cache_spec
+        slots = (num_blocks + 1) * block_size
+        self.kv_cache = torch.zeros(2, spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device)
+        self.kv_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(spec.num_layers)]
+        self.scratch_slot = num_blocks * block_size
+        self.max_blocks_per_seq = (max_model_len + block_size - 1) // block_size
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+        if cuda_graph_sizes and device.type == "cuda" and getattr(model, "supports_cuda_graphs", False):
+            self._capture_graphs(sorted(set(cuda_graph_sizes)))
+
+    @staticmethod
+    def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
+        spec = model.kv_cache_spec
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * itemsize
+
+    # ---- batch preparation -------------------------------------------------------------------
+
+    def _block_tables(self, seqs: list[Sequence], width: int | None = None) -> torch.Tensor:
+        width = width or max(len(s.block_table) for s in seqs)
+        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        return torch.tensor(rows, dtype=torch.int64)
+
+    def _prepare(self, seqs: list[Sequence], is_prefill: bool):
+        ids: list[int] = []
+        positions: list[int] = []
+        seq_index: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        for b, seq in enumerate(seqs):
+            start, n = seq.num_computed_tokens, seq.num_scheduled_tokens
+            ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            seq_index.extend([b] * n)
+            query_lens.append(n)
+            context_lens.append(start + n)
+        dev = self.device
+        block_tables = self._block_tables(seqs)
+        pos_t = torch.tensor(positions, dtype=torch.int64)
+        seq_t = torch.tensor(seq_index, dtype=torch.int64)
+        bs = self.block_size
+        slots = block_tables[seq_t, pos_t // bs] * bs + pos_t % bs
+        max_q = max(query_lens)
+        meta = AttentionMetadata(
+            slot_mapping=slots.to(dev, non_blocking=True),
+            block_tables=block_tables.to(dev, non_blocking=True),
+            context_lens=torch.tensor(context_lens, dtype=torch.int64, device=dev),
+            query_lens=torch.tensor(query_lens, dtype=torch.int64, device=dev),
+            max_query_len=max_q,
+            block_size=bs,
+        )
+        if max_q > 1:
+            starts = torch.tensor([0] + query_lens[:-1], dtype=torch.int64).cumsum(0)
+            within = torch.arange(len(ids)) - starts[seq_t]
+            meta.padded_index = (seq_t * max_q + within).to(dev)
+            q_pos = torch.arange(max_q)
+            packed = starts[:, None] + torch.minimum(q_pos[None, :], torch.tensor(query_lens)[:, None] - 1)
+            meta.packed_index = packed.reshape(-1).to(dev)
+        ids_t = torch.tensor(ids, dtype=torch.int64, device=dev)
+        embeds = self.model.embed(ids_t)
+        if is_prefill:
+            self._insert_prompt_embeds(seqs, embeds)
+        return ids_t, pos_t.to(dev), embeds, meta, query_lens
+
+    def _insert_prompt_embeds(self, seqs: list[Sequence], embeds: torch.Tensor) -> None:
+        offset = 0
+        for seq in seqs:
+            start, n = seq.num_computed_tokens, seq.num_scheduled_tokens
+            if seq.prompt_embeds is not None and start < seq.num_prompt_tokens:
+                stop = min(start + n, seq.num_prompt_tokens)
+                embeds[offset : offset + stop - start] = seq.prompt_embeds[start:stop].to(embeds.device, embeds.dtype)
+            offset += n
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[int], list[int], dict[int, dict[str, Any]]]:
+        """Returns (indices of sequences that sampled, their tokens, per-sequence step tensors by batch index)."""
+        ids, positions, embeds, meta, query_lens = self._prepare(seqs, is_prefill)
+        if is_prefill:
+            sample_index = [b for b, s in enumerate(seqs) if s.num_computed_tokens + s.num_scheduled_tokens == len(s)]
+        else:
+            sample_index = list(range(len(seqs)))
+        batch = self._step_batch(seqs, is_prefill, ids, embeds, positions, query_lens, sample_index)
+        before = self.hooks.get("before_prefill" if is_prefill else "before_decode")
+        if before is not None:
+            before(batch)
+        capture = frozenset(layer for s in seqs for layer in s.hidden_layers)
+        extras = [s.extras for s in seqs]
+        logits = hidden_last = None
+        graph_size = self._graph_size(len(seqs)) if not is_prefill and not capture else None
+        if graph_size is not None:
+            hidden_last, logits = self._replay(graph_size, batch.input_embeds, positions, meta, len(seqs))
+            captured = {}
+        else:
+            ctx = ForwardContext(meta, self.backend, self.kv_caches, is_prefill, extras, query_lens, capture)
+            self.backend.prepare(meta)
+            hidden = self.model(batch.input_embeds, positions, ctx)
+            captured = ctx.captured
+            if sample_index:
+                ends = torch.tensor(query_lens, dtype=torch.int64).cumsum(0) - 1
+                hidden_last = hidden[ends[sample_index].to(hidden.device)] if is_prefill else hidden
+                logits = self.model.compute_logits(hidden_last)
+        tokens: list[int] = []
+        if sample_index:
+            sampled_seqs = [seqs[b] for b in sample_index]
+            token_ids = None
+            if "sample" in self.hooks:
+                token_ids = self.hooks["sample"](batch, logits)
+            if token_ids is None:
+                token_ids = self.sampler(logits, build_sampling_tensors(sampled_seqs, logits.shape[-1], logits.device))
+            post = self.hooks.get("post_prefill" if is_prefill else "post_decode")
+            if post is not None:
+                replaced = post(batch, hidden_last, logits, token_ids)
+                if replaced is not None:
+                    token_ids = replaced
+            tokens = token_ids.tolist()  # the step's one host sync
+        return sample_index, tokens, self._per_sequence_outputs(seqs, batch, captured, query_lens, sample_index)
+
+    def _step_batch(self, seqs, is_prefill, ids, embeds, positions, query_lens, sample_index) -> StepBatch:
+        wants_tokens = "sample" in self.hooks or "post_prefill" in self.hooks or "post_decode" in self.hooks
+        sampled = [seqs[b] for b in sample_index]
+        return StepBatch(
+            is_prefill=is_prefill,
+            request_ids=[s.request_id for s in seqs],
+            extras=[s.extras for s in seqs],
+            query_lens=query_lens,
+            input_ids=ids,
+            input_embeds=embeds,
+            positions=positions,
+            sample_index=sample_index,
+            num_output_tokens=[s.num_output_tokens for s in sampled],
+            past_tokens=[(s.token_ids if s.cacheable else s.output_token_ids) for s in sampled] if wants_tokens else [],
+        )
+
+    def _per_sequence_outputs(self, seqs, batch, captured, query_lens, sample_index) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        if captured:
+            offset = 0
+            for b, seq in enumerate(seqs):
+                n = query_lens[b]
+                if seq.hidden_layers:
+                    out.setdefault(b, {})["hidden_states"] = {layer: captured[layer][offset : offset + n] for layer in seq.hidden_layers if layer in captured}
+                offset += n
+        for name, tensor in batch.step_outputs.items():
+            for row, b in enumerate(sample_index):
+                out.setdefault(b, {})[name] = tensor[row]
+        return out
+
+    # ---- CUDA graphs for decode ----------------------------------------------------------------
+
+    def _graph_size(self, batch_size: int) -> int | None:
+        for size in sorted(self.graphs):
+            if size >= batch_size:
+                return size
+        return None
+
+    def _static_inputs(self, size: int) -> dict[str, torch.Tensor]:
+        dev, hidden = self.device, self.model.hidden_size
+        return {
+            "embeds": torch.zeros(size, hidden, dtype=self.dtype, device=dev),
+            "positions": torch.zeros(size, dtype=torch.int64, device=dev),
+            "slots": torch.full((size,), self.scratch_slot, dtype=torch.int64, device=dev),
+            "block_tables": torch.zeros(size, self.max_blocks_per_seq, dtype=torch.int64, device=dev),
+            "context_lens": torch.ones(size, dtype=torch.int64, device=dev),
+            "query_lens": torch.ones(size, dtype=torch.int64, device=dev),
+        }
+
+    @torch.inference_mode()
+    def _capture_graphs(self, sizes: list[int]) -> None:
+        pool = None
+        for size in reversed(sizes):
+            st = self._static_inputs(size)
+            meta = AttentionMetadata(st["slots"], st["block_tables"], st["context_lens"], st["query_lens"], 1, self.block_size)
+            ctx = ForwardContext(meta, self.backend, self.kv_caches, False)
+
+            def step():
+                self.backend.prepare(meta)
+                hidden = self.model(st["embeds"], st["positions"], ctx)
+                return hidden, self.model.compute_logits(hidden)
+
+            for _ in range(2):  # warm up kernels and allocator outside the graph
+                step()
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                st["hidden"], st["logits"] = step()
+            pool = graph.pool()
+            self.graphs[size] = (graph, st)
+        torch.cuda.synchronize(self.device)
+
+    def _replay(self, size: int, embeds, positions, meta: AttentionMetadata, batch_size: int):
+        graph, st = self.graphs[size]
+        n = batch_size
+        st["embeds"][:n].copy_(embeds)
+        st["positions"][:n].copy_(positions)
+        st["slots"].fill_(self.scratch_slot)
+        st["slots"][:n].copy_(meta.slot_mapping)
+        st["block_tables"].zero_()
+        st["block_tables"][:n, : meta.block_tables.shape[1]].copy_(meta.block_tables)
+        st["context_lens"].fill_(1)
+        st["context_lens"][:n].copy_(meta.context_lens)
+        graph.replay()
+        return st["hidden"][:n], st["logits"][:n]

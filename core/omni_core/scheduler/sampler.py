@@ -1,0 +1,128 @@
+"""Batched token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeds.
+
+Every filter runs on the whole batch at once from per-sequence parameter tensors. Randomness
+is counter-based: a sequence's noise for a step is a hash of (its seed, its length, the vocab
+index), so a seeded request draws the same tokens whatever else shares its batch, with no
+per-sequence generator calls on the hot path. A token is drawn by the exponential race
+(argmax of p / E with E ~ Exp(1)), which samples exactly from p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass
+class SamplingTensors:
+    """Per-sequence parameters of one step, as device tensors ([B] each)."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    seeds: torch.Tensor
+    steps: torch.Tensor
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+    penalty: torch.Tensor | None = None  # [B] where some sequence has repetition_penalty != 1
+    seen_tokens: torch.Tensor | None = None  # [B, V] bool: tokens in prompt or output
+    banned: torch.Tensor | None = None  # [B, V] bool: stop tokens before min_tokens
+
+
+def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Deterministic uniforms in (0, 1), shape [B, vocab], from 32-bit integer hashing."""
+    idx = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    x = (seeds[:, None] * 0x9E3779B1 + steps[:, None] * 0x85EBCA77 + idx[None, :] * 0xC2B2AE3D) & _MASK32
+    for mult in (0x7FEB352D, 0x846CA68B):
+        x = x ^ (x >> 16)
+        x = (x * mult) & _MASK32
+    x = x ^ (x >> 16)
+    return (x.to(torch.float64) + 0.5) / 4294967296.0
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+        """logits [B, V] -> token ids [B] (int64)."""
+        logits = logits.float()
+        if t.penalty is not None:
+            # CTRL-style: shrink seen tokens' logits (divide positives, multiply negatives)
+            p = t.penalty[:, None]
+            penalised = torch.where(logits > 0, logits / p, logits * p)
+            logits = torch.where(t.seen_tokens, penalised, logits)
+        if t.banned is not None:
+            logits = logits.masked_fill(t.banned, float("-inf"))
+        greedy_tokens = logits.argmax(dim=-1)
+        if t.all_greedy:
+            return greedy_tokens
+        temp = torch.where(t.temperature > 0, t.temperature, torch.ones_like(t.temperature))
+        logits = logits / temp[:, None]
+        if t.any_top_k:
+            logits = _apply_top_k(logits, t.top_k)
+        probs = torch.softmax(logits, dim=-1)
+        if t.any_top_p:
+            probs = _apply_top_p(probs, t.top_p)
+        if t.any_min_p:
+            floor = t.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+            probs = probs.masked_fill(probs < floor, 0.0)
+        noise = uniform_noise(t.seeds, t.steps, probs.shape[-1])
+        exp = -torch.log(noise).to(probs.dtype)
+        sampled = (probs / exp).argmax(dim=-1)
+        return torch.where(t.temperature > 0, sampled, greedy_tokens)
+
+
+def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    kth = sorted_logits.gather(-1, (k - 1)[:, None])
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each token
+    drop = before >= top_p[:, None]  # always keeps the most likely token
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def build_sampling_tensors(seqs, vocab: int, device) -> SamplingTensors:
+    """Gather the batch's parameters (one small host-to-device copy per field)."""
+    params = [s.params for s in seqs]
+    f32 = dict(dtype=torch.float32, device=device)
+    i64 = dict(dtype=torch.int64, device=device)
+    t = SamplingTensors(
+        temperature=torch.tensor([p.temperature for p in params], **f32),
+        top_k=torch.tensor([p.top_k for p in params], **i64),
+        top_p=torch.tensor([p.top_p for p in params], **f32),
+        min_p=torch.tensor([p.min_p for p in params], **f32),
+        seeds=torch.tensor([s.seed for s in seqs], **i64),
+        steps=torch.tensor([len(s) for s in seqs], **i64),
+        all_greedy=all(p.temperature == 0 for p in params),
+        any_top_k=any(p.top_k > 0 for p in params),
+        any_top_p=any(p.top_p < 1 for p in params),
+        any_min_p=any(p.min_p > 0 for p in params),
+    )
+    if any(p.repetition_penalty != 1.0 for p in params):
+        t.penalty = torch.tensor([p.repetition_penalty for p in params], **f32)
+        seen = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
+        for row, s in enumerate(seqs):
+            ids = [i for i in set(s.token_ids[: len(s)]) if 0 <= i < vocab] if s.cacheable else [i for i in set(s.output_token_ids) if 0 <= i < vocab]
+            if ids:
+                seen[row, torch.tensor(ids, device=device)] = True
+        t.seen_tokens = seen
+    under_min = [(row, s) for row, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens and s.stop_ids]
+    if under_min:
+        banned = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
+        for row, s in under_min:
+            ids = [i for i in s.stop_ids if 0 <= i < vocab]
+            if ids:
+                banned[row, torch.tensor(ids, device=device)] = True
+        t.banned = banned
+    return t
