@@ -1,0 +1,3 @@
+"""omni-whisper: OpenAI Whisper speech recognition for omni (family ``whisper``)."""
+
+__version__ = "0.1.0"

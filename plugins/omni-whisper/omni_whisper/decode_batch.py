@@ -1,0 +1,106 @@
+"""The running batch of the decoder: one row per window being decoded, stepped together.
+
+Rows live in preallocated tensors (self-attention cache up to the decoder's 448 positions, and
+cross-attention keys/values of the row's window) and stay packed in rows ``0..n-1``: a finished
+row is replaced by the last one, so every step works on views, never on gathered copies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omni_whisper.decoding import LogitRules, Window
+from omni_whisper.model import WhisperModel
+
+
+class DecodeBatch:
+    def __init__(self, model: WhisperModel, rules: LogitRules, capacity: int, source_positions: int):
+        config = model.config
+        self.model, self.rules, self.capacity = model, rules, capacity
+        self.max_positions = config.max_target_positions
+        heads = config.decoder_attention_heads
+        dtype = model.decoder.embed_tokens.weight.dtype
+        cross_shape = (capacity, heads, source_positions, config.d_model // heads)
+        self.self_kv = model.new_self_cache(capacity)
+        self.cross_kv = [
+            (torch.zeros(cross_shape, dtype=dtype), torch.zeros(cross_shape, dtype=dtype)) for _ in model.decoder.layers
+        ]
+        self.windows: list[Window] = []
+        self.lengths: list[int] = []  # positions filled in each row's self-attention cache
+        self.feed: list[int] = []  # the token each row feeds at the next step
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def free_rows(self) -> int:
+        return self.capacity - len(self.windows)
+
+    def admit(self, window: Window, encoded: torch.Tensor) -> None:
+        """Add a window: its cross-attention K/V from ``encoded`` [S, D], once; its prompt prefilled."""
+        row = len(self.windows)
+        with torch.inference_mode():
+            for (k, v), (ck, cv) in zip(self.model.decoder.cross_kv(encoded[None]), self.cross_kv, strict=True):
+                ck[row] = k[0]
+                cv[row] = v[0]
+            prefix = window.prompt[:-1]
+            if prefix:
+                self.model.decoder(
+                    torch.tensor([prefix]),
+                    torch.zeros(1, dtype=torch.long),
+                    [(k[row : row + 1], v[row : row + 1]) for k, v in self.self_kv],
+                    [(k[row : row + 1], v[row : row + 1]) for k, v in self.cross_kv],
+                )
+        self.windows.append(window)
+        self.lengths.append(len(prefix))
+        self.feed.append(window.prompt[-1])
+
+    def step(self) -> list[int]:
+        """One decoder step for every row; returns the rows whose window finished."""
+        count = len(self.windows)
+        with torch.inference_mode():
+            logits = self.model.decoder(
+                torch.tensor(self.feed)[:, None],
+                torch.tensor(self.lengths),
+                [(k[:count], v[:count]) for k, v in self.self_kv],
+                [(k[:count], v[:count]) for k, v in self.cross_kv],
+            ).float()
+            self.rules.apply(logits, self.windows)
+            logprobs = torch.log_softmax(logits, dim=-1)
+            chosen = logits.argmax(dim=-1)
+            temperatures = torch.tensor([w.temperature for w in self.windows])
+            sampled = temperatures > 0
+            if bool(sampled.any()):
+                probs = torch.softmax(logits[sampled] / temperatures[sampled, None], dim=-1)
+                chosen[sampled] = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+            picked = logprobs.gather(1, chosen[:, None])[:, 0]
+        finished = []
+        eot = self.rules.tok.eot
+        for row, (window, token, logprob) in enumerate(zip(self.windows, chosen.tolist(), picked.tolist(), strict=True)):
+            window.tokens.append(token)
+            window.logprob_sum += logprob
+            self.lengths[row] += 1
+            self.feed[row] = token
+            full = self.lengths[row] + 1 >= self.max_positions
+            if token == eot or len(window.tokens) >= window.max_new_tokens or full:
+                finished.append(row)
+        return finished
+
+    def remove(self, rows: list[int]) -> list[Window]:
+        """Drop rows (highest first so indices stay valid), moving the last row into each hole."""
+        removed = []
+        for row in sorted(set(rows), reverse=True):
+            last = len(self.windows) - 1
+            removed.append(self.windows[row])
+            if row != last:
+                for tensors in (self.self_kv, self.cross_kv):
+                    for k, v in tensors:
+                        k[row] = k[last]
+                        v[row] = v[last]
+                self.windows[row] = self.windows[last]
+                self.lengths[row] = self.lengths[last]
+                self.feed[row] = self.feed[last]
+            self.windows.pop()
+            self.lengths.pop()
+            self.feed.pop()
+        return removed

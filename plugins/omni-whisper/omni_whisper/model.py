@@ -1,0 +1,162 @@
+"""Whisper encoder and decoder in plain torch, with Hugging Face parameter names.
+
+The decoder runs on caller-owned caches so one forward serves many sequences at once: each row
+of a batch has its own self-attention cache length (``start``) and its own cross-attention keys
+and values, computed once per sequence from the encoder output (``cross_kv``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import WhisperConfig
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.q_proj = nn.Linear(dim, dim)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.v_proj = nn.Linear(dim, dim)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, H, T, hd]
+        return x.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:  # [B, H, T, hd] -> [B, T, D]
+        return self.out_proj(x.transpose(1, 2).flatten(2))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        dim = config.d_model
+        self.self_attn = Attention(dim, config.encoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, config.encoder_ffn_dim)
+        self.fc2 = nn.Linear(config.encoder_ffn_dim, dim)
+        self.final_layer_norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attn = self.self_attn
+        h = self.self_attn_layer_norm(x)
+        q, k, v = attn.split(attn.q_proj(h)), attn.split(attn.k_proj(h)), attn.split(attn.v_proj(h))
+        x = x + attn.merge(F.scaled_dot_product_attention(q, k, v))
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        dim = config.d_model
+        self.conv1 = nn.Conv1d(config.num_mel_bins, dim, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(dim, dim, kernel_size=3, stride=2, padding=1)
+        self.embed_positions = nn.Embedding(config.max_source_positions, dim)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
+        self.layer_norm = nn.LayerNorm(dim)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        """``mel`` [B, n_mels, 2 * positions] -> hidden states [B, positions, d_model]."""
+        x = F.gelu(self.conv2(F.gelu(self.conv1(mel)))).transpose(1, 2)
+        x = x + self.embed_positions.weight[: x.shape[1]]
+        for layer in self.layers:
+            x = layer(x)
+        return self.layer_norm(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        dim = config.d_model
+        self.self_attn = Attention(dim, config.decoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(dim)
+        self.encoder_attn = Attention(dim, config.decoder_attention_heads)
+        self.encoder_attn_layer_norm = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, config.decoder_ffn_dim)
+        self.fc2 = nn.Linear(config.decoder_ffn_dim, dim)
+        self.final_layer_norm = nn.LayerNorm(dim)
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        dim = config.d_model
+        self.embed_tokens = nn.Embedding(config.vocab_size, dim)
+        self.embed_positions = nn.Embedding(config.max_target_positions, dim)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
+        self.layer_norm = nn.LayerNorm(dim)
+
+    def cross_kv(self, encoded: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the cross-attention keys and values [B, H, S, hd]; computed once per sequence."""
+        out = []
+        for layer in self.layers:
+            attn = layer.encoder_attn
+            out.append((attn.split(attn.k_proj(encoded)), attn.split(attn.v_proj(encoded))))
+        return out
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        start: torch.Tensor,
+        self_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Logits of each row's last token.
+
+        ``tokens`` [B, T] continue each row's sequence at position ``start[b]``; their keys and
+        values are written into ``self_kv`` (per layer [B, H, capacity, hd]) at those positions.
+        Either every row feeds one token (decode, T == 1) or a single row feeds several (prefill).
+        """
+        batch, count = tokens.shape
+        positions = start[:, None] + torch.arange(count)  # [B, T]
+        span = int(start.max()) + count
+        x = self.embed_tokens(tokens) + self.embed_positions(positions)
+        # a query attends to its own row's keys up to its own position
+        mask = (torch.arange(span)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, T, span]
+        rows = torch.arange(batch)
+        first = int(start[0])
+        for layer, (cache_k, cache_v), (cross_k, cross_v) in zip(self.layers, self_kv, cross_kv, strict=True):
+            attn = layer.self_attn
+            h = layer.self_attn_layer_norm(x)
+            q, k, v = attn.split(attn.q_proj(h)), attn.split(attn.k_proj(h)), attn.split(attn.v_proj(h))
+            if count == 1:
+                cache_k[rows, :, start] = k[:, :, 0]
+                cache_v[rows, :, start] = v[:, :, 0]
+            else:
+                cache_k[:, :, first : first + count] = k
+                cache_v[:, :, first : first + count] = v
+            y = F.scaled_dot_product_attention(q, cache_k[:, :, :span], cache_v[:, :, :span], attn_mask=mask)
+            x = x + attn.merge(y)
+            cross = layer.encoder_attn
+            h = layer.encoder_attn_layer_norm(x)
+            y = F.scaled_dot_product_attention(cross.split(cross.q_proj(h)), cross_k, cross_v)
+            x = x + cross.merge(y)
+            x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
+        x = self.layer_norm(x[:, -1])
+        return x @ self.embed_tokens.weight.t()
+
+
+class WhisperModel(nn.Module):
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint, dtype: torch.dtype = torch.float32) -> WhisperModel:
+        model = cls(checkpoint.config)
+        state = {k.removeprefix("model."): v for k, v in checkpoint.state_dict.items() if k != "proj_out.weight"}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"checkpoint does not match Whisper: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        return model.to(dtype).eval()
+
+    def new_self_cache(self, batch: int, capacity: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        config = self.config
+        heads = config.decoder_attention_heads
+        shape = (batch, heads, capacity or config.max_target_positions, config.d_model // heads)
+        dtype = self.decoder.embed_tokens.weight.dtype
+        return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in self.decoder.layers]

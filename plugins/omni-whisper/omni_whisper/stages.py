@@ -1,0 +1,151 @@
+"""Workers of the three Whisper stages: frontend (fn), encoder (batch), decoder (whisper-decode).
+
+Every factory runs in the process hosting its stage and loads weights there; stages sharing a
+process share one loaded model (``load_model`` is cached per checkpoint and dtype).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_whisper.checkpoint import WhisperCheckpoint, load_checkpoint, resolve_checkpoint_dir
+from omni_whisper.decoding import LogitRules, RequestState, Window
+from omni_whisper.features import log_mel, split_windows
+from omni_whisper.model import WhisperModel
+from omni_whisper.tokenizer import WhisperTokenizer
+
+MAX_NEW_TOKENS = 224  # per 30 s window: half the decoder's positions, as in Whisper
+MAX_PROMPT_TOKENS = 223
+ENCODER_CHUNK = 4  # windows per encoder forward: bounds the attention buffers
+
+_LOAD_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=4)
+def _load(checkpoint_dir: str, dtype_name: str) -> tuple[WhisperCheckpoint, WhisperModel, WhisperTokenizer]:
+    checkpoint = load_checkpoint(resolve_checkpoint_dir(checkpoint_dir))
+    model = WhisperModel.from_checkpoint(checkpoint, getattr(torch, dtype_name))
+    tokenizer = WhisperTokenizer(checkpoint.tokenizer_dir, checkpoint.config.vocab_size)
+    checkpoint.state_dict = {}  # the model holds the weights now
+    return checkpoint, model, tokenizer
+
+
+def load_model(checkpoint_dir: str, dtype_name: str = "float32"):
+    with _LOAD_LOCK:
+        return _load(str(checkpoint_dir), dtype_name)
+
+
+def _options(context) -> dict[str, Any]:
+    return dict(context.options or {})
+
+
+class Frontend:
+    """Checks the request and turns its audio into 30 s log-mel windows."""
+
+    def __init__(self, checkpoint_dir: str, dtype: str):
+        self.checkpoint, _, self.tokenizer = load_model(checkpoint_dir, dtype)
+
+    def __call__(self, message, emit) -> None:
+        payload = message.payload
+        audio = payload.get("audio")
+        if isinstance(audio, np.ndarray):
+            audio = torch.from_numpy(audio)
+        if not isinstance(audio, torch.Tensor) or audio.dim() != 1 or not audio.is_floating_point():
+            raise ValueError("audio must be a 1-D float tensor of 16 kHz samples")
+        if audio.numel() == 0:
+            raise ValueError("audio is empty")
+        if not bool(torch.isfinite(audio).all()):
+            raise ValueError("audio contains NaN or infinite samples")
+        language = self.tokenizer.check_language(payload.get("language"))
+        temperature = float(payload.get("temperature") or 0.0)
+        if not (0.0 <= temperature <= 1.0) or math.isnan(temperature):
+            raise ValueError("temperature must be between 0 and 1")
+        prompt_text = payload.get("prompt")
+        timestamps = bool(payload.get("timestamps"))
+        windows, durations = split_windows(audio)
+        mel = log_mel(windows, self.checkpoint.config.num_mel_bins)
+        first_prompt = self.tokenizer.prompt(language, timestamps, prompt_text, MAX_PROMPT_TOKENS)
+        later_prompt = self.tokenizer.prompt(language, timestamps, None, MAX_PROMPT_TOKENS)
+        emit(
+            "mel",
+            {
+                "mel": mel,
+                "durations": durations,
+                "prompts": [first_prompt] + [later_prompt] * (len(durations) - 1),
+                "language": language,
+                "temperature": temperature,
+                "timestamps": timestamps,
+                "duration": audio.numel() / 16000,
+            },
+        )
+
+
+class Encoder:
+    """Encodes the windows of every request in the batch together."""
+
+    def __init__(self, checkpoint_dir: str, dtype: str):
+        _, self.model, _ = load_model(checkpoint_dir, dtype)
+        self.dtype = self.model.encoder.conv1.weight.dtype
+
+    def process(self, messages, emit) -> None:
+        mels = torch.cat([m.payload["mel"] for m in messages]).to(self.dtype)
+        with torch.inference_mode():
+            encoded = torch.cat([self.model.encoder(chunk) for chunk in mels.split(ENCODER_CHUNK)])
+        start = 0
+        for message in messages:
+            count = message.payload["mel"].shape[0]
+            payload = {k: v for k, v in message.payload.items() if k != "mel"}
+            payload["encoded"] = encoded[start : start + count]
+            start += count
+            emit(message.request_id, "encoded", payload)
+
+
+class DecoderWorker:
+    """What the ``whisper-decode`` engine needs: the model, tokenizer and decoding rules."""
+
+    def __init__(self, checkpoint_dir: str, dtype: str):
+        checkpoint, self.model, self.tokenizer = load_model(checkpoint_dir, dtype)
+        config = checkpoint.config
+        self.source_positions = config.max_source_positions
+        self.rules = LogitRules(self.tokenizer, checkpoint.suppress_ids, checkpoint.begin_suppress_ids, config.vocab_size)
+
+    def new_request(self, request_id: str, payload: dict, live: bool):
+        windows = [
+            Window(
+                request_id=request_id,
+                index=index,
+                offset=index * 30.0,
+                duration=duration,
+                prompt=list(prompt),
+                timestamps=bool(payload["timestamps"]),
+                temperature=float(payload["temperature"]),
+                max_new_tokens=MAX_NEW_TOKENS,
+            )
+            for index, (duration, prompt) in enumerate(zip(payload["durations"], payload["prompts"], strict=True))
+        ]
+        return RequestState(
+            request_id=request_id,
+            encoded=payload["encoded"],
+            windows=windows,
+            language=payload["language"],
+            duration=float(payload["duration"]),
+            live=live,
+        )
+
+
+def frontend_factory(context, checkpoint_dir: str, dtype: str = "float32"):
+    return Frontend(checkpoint_dir, dtype)
+
+
+def encoder_factory(context, checkpoint_dir: str, dtype: str = "float32"):
+    return Encoder(checkpoint_dir, dtype)
+
+
+def decoder_factory(context, checkpoint_dir: str, dtype: str = "float32"):
+    return DecoderWorker(checkpoint_dir, dtype)

@@ -1,0 +1,77 @@
+"""Whisper's tokenizer: byte-level BPE from ``tokenizer.json`` plus the special ids around it.
+
+Timestamp tokens (one per 20 ms, from ``<|0.00|>``) follow ``<|notimestamps|>`` in the model's
+vocabulary but are absent from most ``tokenizer.json`` files, so they are handled here by id.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+SECONDS_PER_TIMESTAMP = 0.02
+
+
+class WhisperTokenizer:
+    def __init__(self, directory: str | Path, vocab_size: int):
+        path = Path(directory) / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: a Whisper checkpoint needs its tokenizer.json")
+        self.bpe = Tokenizer.from_file(str(path))
+        self.vocab_size = vocab_size
+        self.eot = self._id("<|endoftext|>")
+        self.sot = self._id("<|startoftranscript|>")
+        self.sot_prev = self._id("<|startofprev|>")
+        self.no_timestamps = self._id("<|notimestamps|>")
+        self.timestamp_begin = self.no_timestamps + 1
+        self.transcribe = self._id("<|transcribe|>")
+        self.multilingual = vocab_size >= 51865
+        self.languages = {
+            token.strip("<|>"): token_id
+            for token, token_id in self.bpe.get_vocab(with_added_tokens=True).items()
+            if token.startswith("<|") and token.endswith("|>") and self.sot < token_id < self.transcribe - 1
+            and 1 < len(token) - 4 <= 3
+        }
+
+    def _id(self, token: str) -> int:
+        token_id = self.bpe.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"tokenizer.json has no {token}")
+        return token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self.bpe.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``; special and timestamp tokens are dropped."""
+        return self.bpe.decode([i for i in ids if i < self.eot], skip_special_tokens=True)
+
+    def is_timestamp(self, token_id: int) -> bool:
+        return token_id >= self.timestamp_begin
+
+    def timestamp_seconds(self, token_id: int) -> float:
+        return (token_id - self.timestamp_begin) * SECONDS_PER_TIMESTAMP
+
+    def check_language(self, language: str | None) -> str:
+        """The language code to decode with; an English-only model accepts only English."""
+        code = (language or "en").lower()
+        if not self.multilingual:
+            if code not in ("en", "english"):
+                raise ValueError(f"this checkpoint is English-only; language {language!r} is not supported")
+            return "en"
+        if code not in self.languages:
+            raise ValueError(f"unknown language {language!r}; known: {', '.join(sorted(self.languages))}")
+        return code
+
+    def prompt(self, language: str, timestamps: bool, previous_text: str | None, max_prompt: int) -> list[int]:
+        """``[<|startofprev|> prompt...] <|startoftranscript|> [lang transcribe] [<|notimestamps|>]``."""
+        tokens: list[int] = []
+        if previous_text:
+            tokens = [self.sot_prev, *self.encode(" " + previous_text.strip())[-max_prompt:]]
+        tokens.append(self.sot)
+        if self.multilingual:
+            tokens += [self.languages[language], self.transcribe]
+        if not timestamps:
+            tokens.append(self.no_timestamps)
+        return tokens

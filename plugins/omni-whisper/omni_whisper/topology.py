@@ -1,0 +1,42 @@
+"""Whisper as a stage graph: frontend (log-mel, ``fn``) -> encoder (``batch``) -> decoder
+(``whisper-decode``) -> text deltas."""
+
+from __future__ import annotations
+
+import functools
+
+from omni_core.pipeline import Edge, StageSpec, Topology
+
+from omni_whisper import stages
+
+
+def build(checkpoint_dir: str, options: dict) -> Topology:
+    """Options: ``dtype`` (float32 | bfloat16, default float32), ``max_batch`` (decoder rows, 32),
+    ``encoder_batch`` (requests encoded together, 8), ``batch_window_ms`` (encoder, 5),
+    ``temperature_fallback`` (default False)."""
+    dtype = str(options.get("dtype", "float32"))
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"whisper: dtype must be float32 or bfloat16, not {dtype!r}")
+    encoder_options = {
+        "max_batch": int(options.get("encoder_batch", 8)),
+        "batch_window_ms": float(options.get("batch_window_ms", 5)),
+    }
+    decoder_options = {
+        "max_batch": int(options.get("max_batch", 32)),
+        "temperature_fallback": bool(options.get("temperature_fallback", False)),
+    }
+    make = functools.partial
+    return Topology(
+        name="whisper",
+        stages=[
+            StageSpec("frontend", "fn", make(stages.frontend_factory, checkpoint_dir=checkpoint_dir, dtype=dtype),
+                      ("in",), ("mel",)),
+            StageSpec("encoder", "batch", make(stages.encoder_factory, checkpoint_dir=checkpoint_dir, dtype=dtype),
+                      ("mel",), ("encoded",), options=encoder_options),
+            StageSpec("decoder", "whisper-decode", make(stages.decoder_factory, checkpoint_dir=checkpoint_dir, dtype=dtype),
+                      ("encoded",), ("text",), options=decoder_options),
+        ],
+        edges=[Edge("frontend.mel", "encoder.mel"), Edge("encoder.encoded", "decoder.encoded")],
+        entry="frontend.in",
+        outputs={"text": "decoder.text"},
+    )
