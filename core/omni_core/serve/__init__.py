@@ -1,0 +1,1 @@
+"""serve layer of omni-core."""

@@ -1,0 +1,85 @@
+"""The FastAPI application: a thin HTTP layer over an ``Omni`` runtime.
+
+``create_app(config, loader)`` returns an app that answers /health with 503 while ``loader()``
+builds the runtime in a background thread, then serves the OpenAI-shaped endpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from omni_core import __version__
+from omni_core.serve import chat, info, speech, transcriptions, voices
+from omni_core.serve.errors import APIError, install_error_handlers
+from omni_core.serve.metrics import MetricsMiddleware
+from omni_core.serve.state import ServeConfig, ServerState
+from omni_core.serve.streaming import ClientGone
+
+log = logging.getLogger("omni.serve")
+
+
+class AuthMiddleware:
+    """Checks the API key on /v1 before anything else (body parsing included)."""
+
+    def __init__(self, app, state: ServerState):
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            try:
+                self.state.check_auth(Request(scope))
+            except APIError as exc:
+                return await exc.response()(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    config: ServeConfig,
+    loader: Callable[[], Any],
+    on_load_failed: Callable[[str], None] | None = None,
+) -> FastAPI:
+    state = ServerState(config)
+
+    def load() -> None:
+        try:
+            state.omni = loader()
+        except BaseException as exc:  # report it on /health and to the command, never hang
+            state.load_error = f"{type(exc).__name__}: {exc}"
+            log.error("loading %s failed: %s", config.family, state.load_error)
+            if on_load_failed is not None:
+                on_load_failed(state.load_error)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        thread = threading.Thread(target=load, name="omni-load", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            await state.drain(0.0)
+            thread.join(timeout=1)
+            if state.omni is not None:
+                state.omni.shutdown()
+
+    app = FastAPI(title="omni", version=__version__, lifespan=lifespan)
+    app.state.omni_state = state
+    install_error_handlers(app)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request: Request, exc: ClientGone):
+        return Response(status_code=499)  # nobody reads it; it labels the request in /metrics
+
+    for module in (speech, transcriptions, chat, voices, info):
+        app.include_router(module.router)
+    app.include_router(info.open_router)
+    app.add_middleware(AuthMiddleware, state=state)
+    app.add_middleware(MetricsMiddleware, metrics_getter=lambda: state.metrics)  # outermost: counts 401s too
+    return app

@@ -1,0 +1,177 @@
+"""Audio in and out: decode uploads, resample, and encode replies whole or as a stream.
+
+Encoding and decoding go through libsndfile (soundfile): wav, flac, mp3 and ogg (opus, vorbis).
+``pcm`` is raw 16-bit little-endian mono. aac has no encoder in libsndfile, so asking for it is a
+clear 400 rather than a silent substitute.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+import struct
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from omni_core.serve.exceptions import InvalidInput
+
+CONTENT_TYPES = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+}
+# format -> (libsndfile container, subtype); opus only runs at these sample rates
+_SNDFILE = {"mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS"), "flac": ("FLAC", "PCM_16")}
+_OPUS_RATES = (48000, 24000, 16000, 12000, 8000)
+
+
+class AudioDecodeError(InvalidInput):
+    def __init__(self, message: str, param: str = "file"):
+        super().__init__(message, param)
+
+
+def check_output_format(fmt: str, param: str = "response_format") -> str:
+    if fmt not in CONTENT_TYPES:
+        raise InvalidInput(f"unsupported {param} {fmt!r}; choose one of {sorted(CONTENT_TYPES)}", param)
+    if fmt == "aac":
+        raise InvalidInput("aac output needs an encoder this server does not have; use mp3, opus, flac, wav or pcm", param)
+    if fmt in _SNDFILE:
+        container, subtype = _SNDFILE[fmt]
+        if subtype not in sf.available_subtypes(container):
+            raise InvalidInput(f"{fmt} output is not supported by this build of libsndfile", param)
+    return fmt
+
+
+def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
+    """Any format libsndfile reads (wav, flac, mp3, ogg...) -> float32 mono and its sample rate."""
+    if not data:
+        raise AudioDecodeError("the audio is empty")
+    try:
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            rate = f.samplerate
+            # Read in blocks: a streamed file's header may not know its length.
+            blocks = []
+            while True:
+                block = f.read(65536, dtype="float32", always_2d=True)
+                if block.shape[0] == 0:
+                    break
+                blocks.append(block)
+    except Exception as exc:  # libsndfile raises several types for garbage input
+        raise AudioDecodeError(f"could not decode the audio ({exc})") from None
+    audio = np.concatenate(blocks) if blocks else np.zeros((0, 1), np.float32)
+    if audio.shape[0] == 0:
+        raise AudioDecodeError("the audio has no samples")
+    return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), int(rate)
+
+
+def resample(audio: np.ndarray, rate: int, target: int | None) -> np.ndarray:
+    if target is None or rate == target:
+        return audio
+    return soxr.resample(audio, rate, target).astype(np.float32, copy=False)
+
+
+_DATA_URL = re.compile(r"^data:(?P<mime>[\w/+.-]*)(;[\w=-]+)*;base64,(?P<data>.*)$", re.S)
+
+
+def decode_base64(value: str, param: str) -> bytes:
+    """Plain base64 or a ``data:<mime>;base64,`` URL -> bytes (400 on anything else)."""
+    match = _DATA_URL.match(value)
+    payload = match.group("data") if match else value
+    if not match and value.startswith(("http://", "https://")):
+        raise InvalidInput(f"{param}: remote URLs are not fetched; send the bytes as base64 or a data URL", param)
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(f"{param} is not valid base64 or a base64 data URL", param) from None
+
+
+def _to_int16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def _wav_stream_header(rate: int) -> bytes:
+    # Sizes are unknown while streaming; 0xFFFFFFFF is what players accept for "until the end".
+    unknown = 0xFFFFFFFF
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
+    return b"RIFF" + struct.pack("<I", unknown) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", unknown)
+
+
+class StreamEncoder:
+    """Encodes float32 chunks as they arrive; ``feed`` and ``close`` return the new bytes only.
+
+    A streamed flac or mp3 cannot carry the length/seek headers the encoder writes on close, as
+    with any live stream: players handle that, libsndfile's own reader does not.
+    """
+
+    def __init__(self, fmt: str, rate: int):
+        self.fmt = check_output_format(fmt)
+        self.in_rate = rate
+        self.rate = rate
+        if fmt == "opus" and rate not in _OPUS_RATES:
+            self.rate = 48000
+        self._resampler = soxr.ResampleStream(rate, self.rate, 1, dtype="float32") if self.rate != rate else None
+        self._header_sent = False
+        self._buffer: io.BytesIO | None = None
+        self._file: sf.SoundFile | None = None
+        self._sent = 0
+        if fmt in _SNDFILE:
+            container, subtype = _SNDFILE[fmt]
+            self._buffer = io.BytesIO()
+            self._file = sf.SoundFile(self._buffer, "w", self.rate, 1, format=container, subtype=subtype)
+
+    def _take_new(self) -> bytes:
+        data = self._buffer.getbuffer()
+        new = bytes(data[self._sent :])
+        self._sent = len(data)
+        del data
+        return new
+
+    def feed(self, audio: np.ndarray, last: bool = False) -> bytes:
+        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+        if self._resampler is not None:
+            audio = self._resampler.resample_chunk(audio, last=last)
+        if self.fmt == "pcm":
+            return _to_int16(audio)
+        if self.fmt == "wav":
+            head = b"" if self._header_sent else _wav_stream_header(self.rate)
+            self._header_sent = True
+            return head + _to_int16(audio)
+        if audio.size:
+            self._file.write(audio)
+        return self._take_new()
+
+    def whole(self) -> bytes:
+        """The finished file with the headers the encoder rewrote on close (not for streaming)."""
+        return self._buffer.getvalue()
+
+    def close(self) -> bytes:
+        tail = self.feed(np.zeros(0, np.float32), last=True) if self._resampler is not None else b""
+        if self.fmt == "wav" and not self._header_sent:
+            tail += self.feed(np.zeros(0, np.float32))
+        if self._file is not None and not self._file.closed:
+            self._file.close()  # flushes the encoder; bytes it rewrites before _sent are already gone
+            tail += self._take_new()
+        return tail
+
+
+def encode_audio(audio: np.ndarray, rate: int, fmt: str) -> bytes:
+    """Whole-file encoding (sizes in the wav header are exact)."""
+    fmt = check_output_format(fmt)
+    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    if fmt == "pcm":
+        return _to_int16(audio)
+    if fmt == "wav":
+        out = io.BytesIO()
+        sf.write(out, audio, rate, format="WAV", subtype="PCM_16")
+        return out.getvalue()
+    encoder = StreamEncoder(fmt, rate)
+    encoder.feed(audio, last=True)
+    encoder.close()
+    return encoder.whole()

@@ -1,0 +1,133 @@
+"""``omni serve``: load a family and serve it behind the OpenAI-compatible HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _run_server(app, state, host: str, port: int, log_level: str, grace_s: float) -> int:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """First SIGTERM/SIGINT: refuse new work, let admitted requests finish within the grace
+        period, abort the rest, then stop. A second signal stops at once."""
+
+        loop: asyncio.AbstractEventLoop | None = None
+        draining = False
+
+        async def serve(self, sockets=None):
+            self.loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        def handle_exit(self, sig, frame):
+            # Not recorded in _captured_signals: uvicorn would re-raise it and turn exit 0 into a kill.
+            if self.draining or self.loop is None:
+                self.should_exit = True
+                self.force_exit = self.draining
+                return
+            self.draining = True
+            self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+        async def _drain(self):
+            aborted = await state.drain(grace_s)
+            logging.getLogger("omni.serve").info("drained; %d request(s) aborted after the grace period", aborted)
+            self.should_exit = True
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+    server = DrainingServer(config)
+    app.state.uvicorn_server = server
+    server.run()
+    return 1 if state.load_error else 0
+
+
+@click.command("serve")
+@click.option("--family", required=True, help="Model family to serve (see `omni plugins list`).")
+@click.option("--model", default=None, help="Checkpoint directory or Hugging Face id (default: the family's official one).")
+@click.option("--preset", default=None, help="Named preset instead of a checkpoint, e.g. 'tiny' (random weights: noise).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, xpu, mlx, or a plugin's platform.")
+@click.option("--api-key", envvar="OMNI_API_KEY", default=None, help="Require 'Authorization: Bearer KEY' on /v1 (env OMNI_API_KEY).")
+@click.option("--max-running", default=16, show_default=True, type=click.IntRange(min=1), help="Requests processed at once.")
+@click.option("--max-queued", default=64, show_default=True, type=click.IntRange(min=0), help="Requests waiting; beyond: 429.")
+@click.option("--stage-mode", type=click.Choice(["inproc", "process"]), default="inproc", show_default=True)
+@click.option("--voices-dir", default=None, type=click.Path(file_okay=False), help="Where saved voices live (default: under the omni cache).")
+@click.option("--served-model-name", default=None, help="The `model` clients send and /v1/models lists (default: the family name).")
+@click.option("--max-input-chars", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-upload-mb", default=25.0, show_default=True, type=click.FloatRange(min=0.001))
+@click.option("--max-audio-seconds", default=600.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--drain-seconds", default=30.0, show_default=True, type=click.FloatRange(min=0), help="Grace period for in-flight requests on SIGTERM.")
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False))
+def serve(family, model, preset, host, port, device, api_key, max_running, max_queued, stage_mode, voices_dir,
+          served_model_name, max_input_chars, max_upload_mb, max_audio_seconds, drain_seconds, log_level):
+    """Serve a model family behind an OpenAI-compatible HTTP API."""
+    from omni_core.api import CheckpointNotFound, Omni, resolve_checkpoint
+    from omni_core.hooks import UnknownNameError, get_plugin_manager
+    from omni_core.serve.app import create_app
+    from omni_core.serve.inputs import Limits
+    from omni_core.serve.state import ServeConfig
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console = _console()
+    manager = get_plugin_manager()
+    try:
+        spec = manager.family(family)
+    except UnknownNameError as exc:
+        click.echo(f"omni serve: {exc}", err=True)
+        sys.exit(2)
+    if model and preset:
+        click.echo("omni serve: give either --model or --preset, not both", err=True)
+        sys.exit(2)
+    try:
+        with console.status(f"resolving the {family} checkpoint"):
+            checkpoint = resolve_checkpoint(spec, model, preset)
+    except (CheckpointNotFound, ValueError) as exc:
+        click.echo(f"omni serve: {exc}", err=True)
+        sys.exit(2)
+    console.log(f"{family}: checkpoint {checkpoint}")
+    cache = Path(os.environ.get("OMNI_CACHE", Path.home() / ".cache" / "omni"))
+    voices_dir = voices_dir or str(cache / "voices" / spec.name)
+    config = ServeConfig(
+        family=spec.name,
+        served_model_name=served_model_name or spec.name,
+        api_key=api_key or None,
+        max_running=max_running,
+        max_queued=max_queued,
+        limits=Limits(max_input_chars=max_input_chars, max_upload_mb=max_upload_mb, max_audio_seconds=max_audio_seconds),
+        drain_grace_s=drain_seconds,
+    )
+
+    def load():
+        omni = Omni(
+            spec.name,
+            checkpoint_dir=checkpoint,
+            device=device,
+            stage_mode=stage_mode,
+            voices_dir=voices_dir,
+            limits=config.limits,
+            plugin_manager=manager,
+            progress=lambda message: console.log(f"{spec.name}: {message}"),
+        )
+        console.log(f"serving {config.served_model_name!r} on http://{host}:{port}")
+        return omni
+
+    def load_failed(error: str) -> None:
+        click.echo(f"omni serve: loading failed: {error}", err=True)
+        server = getattr(app.state, "uvicorn_server", None)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(config, load, on_load_failed=load_failed)
+    sys.exit(_run_server(app, app.state.omni_state, host, port, log_level, drain_seconds))

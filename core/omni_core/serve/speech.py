@@ -1,0 +1,140 @@
+"""POST /v1/audio/speech: text to speech, whole file, chunked audio stream, or SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from omni_core.api import to_numpy
+from omni_core.pipeline import RequestFailed
+from omni_core.serve.audio_codecs import CONTENT_TYPES, StreamEncoder, check_output_format, decode_base64, encode_audio
+from omni_core.serve.errors import APIError
+from omni_core.serve.protocol import SpeechRequest
+from omni_core.serve.streaming import SlotStreamingResponse, collect, events_with_first
+from omni_core.serve.text_formats import sse
+
+router = APIRouter()
+ENDPOINT = "/v1/audio/speech"
+
+
+def _usage(usage: dict) -> dict:
+    usage = dict(usage)
+    if "input_tokens" in usage and "output_tokens" in usage:
+        usage.setdefault("total_tokens", usage["input_tokens"] + usage["output_tokens"])
+    return usage
+
+
+@router.post(ENDPOINT)
+async def create_speech(body: SpeechRequest, request: Request):
+    state = request.app.state.omni_state
+    state.check_model(body.model)
+    fmt = check_output_format(body.response_format)
+    if body.voice_name() is None and body.reference_audio is None:
+        raise APIError(400, "voice is required unless reference_audio is given", param="voice", code="missing_required_parameter")
+    if body.reference_text is not None and body.reference_audio is None:
+        raise APIError(400, "reference_text needs reference_audio", param="reference_text")
+    reference = decode_base64(body.reference_audio, "reference_audio") if body.reference_audio else None
+    slot = await state.admit()
+    streaming = False  # from here on the stream's generator releases the slot
+    try:
+        omni = state.ready_omni()
+        inputs = await asyncio.to_thread(
+            omni.speech_inputs,
+            body.input,
+            body.voice_name(),
+            reference_audio=reference,
+            reference_text=body.reference_text,
+            instructions=body.instructions,
+            speed=body.speed,
+            seed=body.seed,
+            sampling=body.sampling(),
+        )
+        handle = slot.track(omni.submit(inputs))
+        rate = omni.sample_rate
+        if body.stream_format is None:
+            events = await collect(request, handle)
+            parts = [to_numpy(e.payload["audio"]) for e in events if e.name == "audio" and "audio" in e.payload]
+            audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+            _observe(state, slot.started, None, len(audio) / rate)
+            content = await asyncio.to_thread(encode_audio, audio, rate, fmt)
+            return Response(content, media_type=CONTENT_TYPES[fmt])
+        first, rest = await events_with_first(handle)
+        streaming = True
+    finally:
+        if not streaming:
+            await slot.release()
+    stream = _sse_stream if body.stream_format == "sse" else _audio_stream
+    media = "text/event-stream" if body.stream_format == "sse" else CONTENT_TYPES[fmt]
+    return SlotStreamingResponse(stream(state, slot, first, rest, fmt, rate), slot, media_type=media)
+
+
+def _observe(state, started: float, first_audio_at: float | None, seconds: float) -> None:
+    metrics = state.metrics
+    elapsed = time.perf_counter() - started
+    metrics.first_audio.labels(ENDPOINT).observe((first_audio_at or time.perf_counter()) - started)
+    if seconds > 0:
+        metrics.rtf.labels(ENDPOINT).observe(elapsed / seconds)
+        metrics.audio_seconds.labels(ENDPOINT).inc(seconds)
+
+
+async def _chunks(first, rest):
+    """The request's events, starting with the one already read."""
+    if first is not None:
+        yield first
+    async for event in rest:
+        yield event
+
+
+async def _encoded(state, slot, first, rest, fmt: str, rate: int):
+    """Encoded bytes as they are produced; records time to first audio and RTF at the end."""
+    encoder = StreamEncoder(fmt, rate)
+    samples = 0
+    first_audio_at = None
+    usage: dict = {}
+    try:
+        async for event in _chunks(first, rest):
+            if event.name != "audio":
+                continue
+            usage.update(event.payload.get("usage") or {})
+            if "audio" not in event.payload:
+                continue
+            audio = to_numpy(event.payload["audio"])
+            samples += len(audio)
+            data = encoder.feed(audio)
+            if data:
+                if first_audio_at is None:
+                    first_audio_at = time.perf_counter()
+                yield data, usage
+        tail = encoder.close()
+        if tail and first_audio_at is None:
+            first_audio_at = time.perf_counter()
+        yield tail, usage
+        _observe(state, slot.started, first_audio_at, samples / rate)
+    finally:
+        await slot.release()
+
+
+async def _audio_stream(state, slot, first, rest, fmt, rate):
+    try:
+        async for data, _ in _encoded(state, slot, first, rest, fmt, rate):
+            if data:
+                yield data
+    except RequestFailed:
+        return  # headers are sent: ending the body early is all a raw stream can say
+
+
+async def _sse_stream(state, slot, first, rest, fmt, rate):
+    usage: dict = {}
+    try:
+        async for data, usage in _encoded(state, slot, first, rest, fmt, rate):
+            if data:
+                yield sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+    except RequestFailed as exc:
+        yield sse({"type": "error", "error": {"message": str(exc), "type": "server_error", "param": None, "code": "stage_failed"}})
+        return
+    yield sse({"type": "speech.audio.done", "usage": _usage(usage)})

@@ -1,0 +1,115 @@
+"""What one server holds: the ``Omni`` runtime (``None`` while it loads), admission, metrics, the
+requests in flight, and the drain that SIGTERM starts."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from omni_core.serve.admission import Admission, draining_error
+from omni_core.serve.errors import APIError, unknown_model
+from omni_core.serve.inputs import Limits
+from omni_core.serve.metrics import ServerMetrics
+
+
+@dataclass
+class ServeConfig:
+    family: str
+    served_model_name: str
+    api_key: str | None = None
+    max_running: int = 16
+    max_queued: int = 64
+    limits: Limits = field(default_factory=Limits)
+    drain_grace_s: float = 30.0
+
+
+class Slot:
+    """A running slot taken from admission; released once, however the request ends."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+        self.started = time.perf_counter()
+        self.handle: Any = None
+        self._released = False
+
+    def track(self, handle: Any) -> Any:
+        self.handle = handle
+        self.state.in_flight.add(handle)
+        return handle
+
+    async def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        if self.handle is not None:
+            self.state.in_flight.discard(self.handle)
+            if not self.handle.done:  # the response ended early (client gone, error): free every stage
+                self.handle.abort()
+        await self.state.admission.release(time.perf_counter() - self.started)
+
+
+class ServerState:
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.omni: Any = None
+        self.load_error: str | None = None
+        self.created = int(time.time())
+        self.admission = Admission(config.max_running, config.max_queued)
+        self.metrics = ServerMetrics(self.admission, self._runtime_stats)
+        self.in_flight: set[Any] = set()
+
+    def _runtime_stats(self) -> dict:
+        return self.omni.stats() if self.omni is not None else {}
+
+    @property
+    def status(self) -> str:
+        if self.admission.draining:
+            return "draining"
+        if self.load_error:
+            return "failed"
+        return "ready" if self.omni is not None else "loading"
+
+    def check_auth(self, request: Request) -> None:
+        key = self.config.api_key
+        if not key:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+    def check_model(self, name: str | None) -> None:
+        if not name:
+            raise APIError(400, "model is required", param="model", code="missing_required_parameter")
+        if name != self.config.served_model_name:
+            raise unknown_model(name, self.config.served_model_name)
+
+    def ready_omni(self):
+        if self.admission.draining:
+            raise draining_error()
+        if self.omni is None:
+            message = f"model failed to load: {self.load_error}" if self.load_error else "the model is still loading"
+            raise APIError(503, message, type="server_error", code="not_ready", headers={"Retry-After": "5"})
+        return self.omni
+
+    async def admit(self) -> Slot:
+        self.ready_omni()
+        await self.admission.acquire()
+        return Slot(self)
+
+    async def drain(self, grace_s: float) -> int:
+        """Refuse new work, give admitted requests ``grace_s`` to finish, abort the rest.
+        Returns how many were aborted."""
+        await self.admission.start_draining()
+        deadline = time.monotonic() + grace_s
+        while (self.admission.running or self.admission.queued) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = list(self.in_flight)
+        for handle in left:
+            handle.abort()
+        return len(left)

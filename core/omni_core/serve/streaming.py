@@ -1,0 +1,83 @@
+"""Helpers shared by the task routes: reading a request's events while watching for the client
+to leave, and turning a stage failure into an HTTP error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from omni_core.pipeline import OutputEvent, RequestFailed
+from omni_core.serve.errors import APIError
+
+
+class ClientGone(Exception):
+    """The client disconnected before the reply was ready; the request was aborted."""
+
+
+def stage_failure(exc: RequestFailed) -> APIError:
+    return APIError(500, str(exc), type="server_error", code="stage_failed")
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    # The body is already read, so the next receive() only returns when the client leaves.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def collect(request: Request, handle) -> list[OutputEvent]:
+    """Every event of the request; aborts it (every stage) if the client disconnects first."""
+
+    async def consume() -> list[OutputEvent]:
+        return [event async for event in handle]
+
+    consumer = asyncio.ensure_future(consume())
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        consumer.cancel()
+        watcher.cancel()
+        handle.abort()
+        raise
+    if consumer in done:
+        watcher.cancel()
+        try:
+            return consumer.result()
+        except RequestFailed as exc:
+            raise stage_failure(exc) from None
+    consumer.cancel()
+    handle.abort()
+    raise ClientGone()
+
+
+async def events_with_first(handle) -> tuple[OutputEvent | None, AsyncIterator[OutputEvent]]:
+    """Waits for the first event so that a request failing at once still gets a JSON error
+    (before any streamed byte); returns it and an iterator over the rest."""
+    iterator = handle.__aiter__()
+    try:
+        first = await iterator.__anext__()
+    except StopAsyncIteration:
+        first = None
+    except RequestFailed as exc:
+        raise stage_failure(exc) from None
+    return first, iterator
+
+
+class SlotStreamingResponse(StreamingResponse):
+    """A stream that gives its admission slot back (and aborts its request if unfinished)
+    however the response ends, even when the client leaves before the first byte."""
+
+    def __init__(self, content, slot, **kwargs):
+        super().__init__(content, **kwargs)
+        self.slot = slot
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.slot.release()
