@@ -1,0 +1,127 @@
+"""Speech tokens -> 80-bin mel at 50 Hz: token embedding, pre-lookahead, 2x repeat, conditional flow matching.
+
+Names follow the official ``flow.pt``. ``FlowModel.infer`` runs a batch of requests at once (right
+padding; every layer is causal in time or masked, so a request's frames do not depend on its
+padding or on the other rows). A non-final chunk holds back its last ``pre_lookahead_len``
+tokens as right context, exactly as the one-shot pass would see them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import FlowConfig
+from .dit import DiT
+
+NOISE_FRAMES = 50 * 300  # 300 s of 50 Hz mel frames of fixed noise
+
+
+class PreLookaheadLayer(nn.Module):
+    """Each token sees itself and the next ``lookahead`` tokens (conv1), then two earlier ones (conv2)."""
+
+    def __init__(self, channels_in: int, channels: int, lookahead: int):
+        super().__init__()
+        self.lookahead = lookahead
+        self.conv1 = nn.Conv1d(channels_in, channels, kernel_size=lookahead + 1)
+        self.conv2 = nn.Conv1d(channels, channels_in, kernel_size=3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, N, C], zeros past each row's end
+        h = F.pad(x.transpose(1, 2), (0, self.lookahead))
+        h = F.leaky_relu(self.conv1(h))
+        h = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
+        return h.transpose(1, 2) + x
+
+
+class ConditionalCFM(nn.Module):
+    """Euler integration of the learned velocity on a cosine time grid, with classifier-free guidance."""
+
+    def __init__(self, cfg: FlowConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.estimator = DiT(cfg)
+        gen = torch.Generator().manual_seed(0)
+        # fixed noise, not a checkpoint tensor: every request starts from the same z at frame f
+        self.register_buffer("rand_noise", torch.randn(1, cfg.mel_bins, NOISE_FRAMES, generator=gen), persistent=False)
+
+    @torch.inference_mode()
+    def forward(self, mu, valid, spks, cond, streaming) -> torch.Tensor:
+        b, _, t = mu.shape
+        if t > NOISE_FRAMES:
+            raise ValueError(f"utterance of {t} mel frames exceeds the {NOISE_FRAMES}-frame limit")
+        x = self.rand_noise[:, :, :t].to(mu.dtype).expand(b, -1, -1).clone()
+        grid = 1 - torch.cos(torch.linspace(0, 1, self.cfg.n_timesteps + 1, device=mu.device) * 0.5 * torch.pi)
+        zeros = torch.zeros_like
+        # conditional rows first, then unconditional rows (no mu, speaker or prompt)
+        mu2, spks2, cond2 = torch.cat([mu, zeros(mu)]), torch.cat([spks, zeros(spks)]), torch.cat([cond, zeros(cond)])
+        valid2, streaming2 = torch.cat([valid, valid]), torch.cat([streaming, streaming])
+        rate = self.cfg.cfg_rate
+        for step in range(self.cfg.n_timesteps):
+            t_now, dt = grid[step], grid[step + 1] - grid[step]
+            tt = t_now.expand(2 * b).to(mu.dtype)
+            v = self.estimator(torch.cat([x, x]), valid2, mu2, tt, spks2, cond2, streaming2)
+            v_cond, v_uncond = v[:b], v[b:]
+            x = x + dt.to(mu.dtype) * ((1.0 + rate) * v_cond - rate * v_uncond)
+        return x.float()
+
+
+@dataclass
+class FlowRequest:
+    """One row of a flow batch: all tokens so far (prompt first) and the prompt's mel [P, 80]."""
+
+    tokens: torch.Tensor  # [N] int
+    prompt_token_len: int
+    prompt_mel: torch.Tensor  # [P, 80], P = token_mel_ratio * prompt_token_len
+    embedding: torch.Tensor  # [192] x-vector
+    finalize: bool
+    streaming: bool
+
+
+class FlowModel(nn.Module):
+    def __init__(self, cfg: FlowConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.mel_bins)
+        self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.mel_bins)
+        self.pre_lookahead_layer = PreLookaheadLayer(cfg.mel_bins, cfg.pre_lookahead_channels, cfg.pre_lookahead_len)
+        self.decoder = ConditionalCFM(cfg)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.input_embedding.weight.dtype
+
+    def mel_frames(self, req: FlowRequest) -> int:
+        """Frames after the prompt that this call produces."""
+        usable = len(req.tokens) - (0 if req.finalize else self.cfg.pre_lookahead_len)
+        return (usable - req.prompt_token_len) * self.cfg.token_mel_ratio
+
+    @torch.inference_mode()
+    def infer(self, requests: list[FlowRequest]) -> list[torch.Tensor]:
+        """Returns, per request, the mel [80, frames] of every token after its prompt (cumulative)."""
+        device, dtype, ratio = self.input_embedding.weight.device, self.dtype, self.cfg.token_mel_ratio
+        lens = [len(r.tokens) for r in requests]
+        usable = [n - (0 if r.finalize else self.cfg.pre_lookahead_len) for n, r in zip(lens, requests)]
+        b, n_max = len(requests), max(lens)
+        tokens = torch.zeros(b, n_max, dtype=torch.long, device=device)
+        token_mask = torch.zeros(b, n_max, 1, dtype=dtype, device=device)
+        for i, r in enumerate(requests):
+            tokens[i, : lens[i]] = r.tokens.to(device).long().clamp(min=0)
+            token_mask[i, : lens[i]] = 1
+        h = self.pre_lookahead_layer(self.input_embedding(tokens) * token_mask)
+        mu = h.repeat_interleave(ratio, dim=1)  # [B, 2N, 80]
+        frames = [u * ratio for u in usable]
+        t_max = max(frames)
+        mu = mu[:, :t_max]
+        valid = torch.arange(t_max, device=device)[None, :] < torch.tensor(frames, device=device)[:, None]
+        mu = mu * valid[:, :, None].to(dtype)
+        cond = torch.zeros(b, t_max, self.cfg.mel_bins, dtype=dtype, device=device)
+        for i, r in enumerate(requests):
+            cond[i, : r.prompt_mel.shape[0]] = r.prompt_mel.to(device, dtype)
+        spks = torch.stack([r.embedding.to(device).float() for r in requests])
+        spks = self.spk_embed_affine_layer(F.normalize(spks, dim=1).to(dtype))
+        streaming = torch.tensor([r.streaming for r in requests], device=device)
+        mel = self.decoder(mu.transpose(1, 2), valid, spks, cond.transpose(1, 2), streaming)
+        return [mel[i, :, r.prompt_mel.shape[0] : frames[i]] for i, r in enumerate(requests)]

@@ -1,0 +1,149 @@
+"""Request -> what the llm and the flow need: prompt text ids, speech tokens, x-vector, prompt mel.
+
+Voices:
+- reference audio (+ its transcript): zero-shot cloning. The reference is cut to whole speech
+  tokens; its tokens prompt both the llm (when a transcript is given) and the flow.
+- a built-in voice from spk2info.pt: its x-vector (and its prompt, when the entry has one).
+- instructions: the llm is prompted with them instead of the reference speech tokens.
+The llm text is ``<system>[ instructions]<|endofprompt|>[reference transcript]`` + the text.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from .features import kaldi_fbank, prompt_mel, resample, whisper_log_mel
+from .text_tokenizer import DEFAULT_SYSTEM, ENDOFPROMPT, TextTokenizer, normalize_text
+
+MAX_REFERENCE_SECONDS = 30.0
+MIN_REFERENCE_SECONDS = 0.2
+MAX_TEXT_CHARS = 4000
+SPEED_RANGE = (0.25, 4.0)
+
+
+class InvalidRequest(ValueError):
+    """Bad input: the message says which field and why."""
+
+
+@dataclass
+class Prepared:
+    text_ids: list[int]  # prompt text + text
+    target_text_len: int  # tokens of the text to speak (length limits count these)
+    llm_prompt_tokens: list[int]
+    flow_prompt_tokens: list[int]
+    prompt_mel: torch.Tensor  # [2 * len(flow_prompt_tokens), 80]
+    embedding: torch.Tensor  # [192]
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(os.environ.get("OMNI_ONNX_THREADS", "1"))
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class Frontend:
+    def __init__(self, checkpoint_dir: str | Path, speakers: dict[str, dict], sample_rate: int = 24000):
+        directory = Path(checkpoint_dir)
+        self.tokenizer = TextTokenizer(directory / "CosyVoice-BlankEN")
+        self.speech_tokenizer = _session(directory / "speech_tokenizer_v3.onnx")
+        self.speaker_model = _session(directory / "campplus.onnx")
+        self.speakers = speakers
+        self.sample_rate = sample_rate
+
+    # -- audio ------------------------------------------------------------------------------
+    def speech_tokens(self, audio_16k: np.ndarray) -> list[int]:
+        feats = whisper_log_mel(audio_16k)[None]
+        names = [i.name for i in self.speech_tokenizer.get_inputs()]
+        out = self.speech_tokenizer.run(None, {names[0]: feats, names[1]: np.array([feats.shape[2]], dtype=np.int32)})
+        return [int(t) for t in np.asarray(out[0]).reshape(-1)]
+
+    def speaker_embedding(self, audio_16k: np.ndarray) -> torch.Tensor:
+        feats = kaldi_fbank(audio_16k)[None]
+        name = self.speaker_model.get_inputs()[0].name
+        return torch.from_numpy(np.asarray(self.speaker_model.run(None, {name: feats})[0], dtype=np.float32).reshape(-1))
+
+    def reference(self, audio: Any, sample_rate: Any) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """(speech tokens, prompt mel [2 * tokens, 80], x-vector [192]) of a reference recording."""
+        if not isinstance(sample_rate, int) or isinstance(sample_rate, bool) or not 8000 <= sample_rate <= 192000:
+            raise InvalidRequest(f"reference_sample_rate must be an integer between 8000 and 192000, got {sample_rate!r}")
+        wav = audio.detach().cpu().numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio)
+        if wav.ndim != 1 or wav.dtype.kind != "f":
+            raise InvalidRequest(f"reference_audio must be mono float samples, got shape {wav.shape} dtype {wav.dtype}")
+        seconds = len(wav) / sample_rate
+        if not MIN_REFERENCE_SECONDS <= seconds <= MAX_REFERENCE_SECONDS:
+            raise InvalidRequest(
+                f"reference audio must last {MIN_REFERENCE_SECONDS}-{MAX_REFERENCE_SECONDS:.0f} s, got {seconds:.2f} s"
+            )
+        if not np.isfinite(wav).all():
+            raise InvalidRequest("reference_audio contains NaN or infinite samples")
+        wav16 = resample(wav, sample_rate, 16000)
+        wav24 = resample(wav, sample_rate, self.sample_rate)
+        tokens = self.speech_tokens(wav16)
+        mel = prompt_mel(wav24)
+        usable = min(mel.shape[0] // 2, len(tokens))
+        return tokens[:usable], mel[: 2 * usable], self.speaker_embedding(wav16)
+
+    # -- request ----------------------------------------------------------------------------
+    def prepare(self, payload: dict[str, Any]) -> Prepared:
+        text = payload.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidRequest("text must be a non-empty string")
+        if len(text) > MAX_TEXT_CHARS:
+            raise InvalidRequest(f"text is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+        instructions = payload.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise InvalidRequest("instructions must be a string")
+        reference_text = payload.get("reference_text")
+        llm_prompt: list[int] = []
+        flow_prompt: list[int] = []
+        mel = torch.zeros(0, 80)
+        if payload.get("reference_audio") is not None:
+            flow_prompt, mel, embedding = self.reference(payload["reference_audio"], payload.get("reference_sample_rate"))
+            if reference_text:
+                llm_prompt = list(flow_prompt)
+        else:
+            voice = payload.get("voice") or ("default" if "default" in self.speakers else None)
+            if voice is None:
+                raise InvalidRequest("give a voice or reference audio: this checkpoint has no built-in voices")
+            if voice not in self.speakers:
+                raise InvalidRequest(f"unknown voice {voice!r}; built-in voices: {sorted(self.speakers)}")
+            entry = self.speakers[voice]
+            embedding = torch.as_tensor(entry.get("flow_embedding", entry["embedding"])).float().reshape(-1)
+            if "flow_prompt_speech_token" in entry:  # a saved zero-shot speaker carries its prompt
+                flow_prompt = [int(t) for t in torch.as_tensor(entry["flow_prompt_speech_token"]).reshape(-1)]
+                mel = torch.as_tensor(entry["prompt_speech_feat"]).float().reshape(-1, 80)[: 2 * len(flow_prompt)]
+                llm_prompt = [int(t) for t in torch.as_tensor(entry.get("llm_prompt_speech_token", [])).reshape(-1)]
+                reference_text = reference_text or entry.get("prompt_text_str")
+        system = DEFAULT_SYSTEM + (f" {instructions.strip()}" if instructions and instructions.strip() else "")
+        if instructions:
+            llm_prompt = []  # instructions replace the reference speech as the llm's prompt
+        prompt_text = reference_text if (reference_text and ENDOFPROMPT in reference_text) else (
+            f"{system}{ENDOFPROMPT}{normalize_text(reference_text) if (reference_text and llm_prompt) else ''}"
+        )
+        target = self.tokenizer.encode(normalize_text(text))
+        if not target:
+            raise InvalidRequest("text has no speakable content")
+        return Prepared(
+            text_ids=self.tokenizer.encode(prompt_text) + target,
+            target_text_len=len(target),
+            llm_prompt_tokens=llm_prompt,
+            flow_prompt_tokens=flow_prompt,
+            prompt_mel=mel,
+            embedding=embedding,
+        )
+
+
+def parse_speed(value: Any) -> float:
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not SPEED_RANGE[0] <= float(value) <= SPEED_RANGE[1]:
+        raise InvalidRequest(f"speed must be a number in [{SPEED_RANGE[0]}, {SPEED_RANGE[1]}], got {value!r}")
+    return float(value)

@@ -1,0 +1,186 @@
+"""HiFT vocoder: causal NSF-HiFiGAN with an iSTFT head, 80-bin mel at 50 Hz -> 24 kHz.
+
+Names follow the official ``hift.pt``; weight-normed convolutions use torch parametrizations, so
+their tensors are ``parametrizations.weight.original0`` (g) and ``original1`` (v) as saved
+there. Every convolution is causal except ``conv_pre`` and the F0 predictor's first layer,
+which look ``conv_pre_look_right`` and 3 frames ahead: a non-final chunk's last frames wait for
+the next chunk (``HiftGenerator.stable_samples``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from .config import HiftConfig
+
+NOISE_SECONDS = 20  # length of the fixed excitation-noise table, cycled for longer audio
+
+
+class CausalConv1d(nn.Conv1d):
+    """Stride-1 conv padded on the left ('left', causal) or right ('right', lookahead) only."""
+
+    def __init__(self, cin, cout, kernel_size, dilation=1, causal_type="left"):
+        super().__init__(cin, cout, kernel_size, dilation=dilation)
+        self.pad = (kernel_size - 1) * dilation
+        self.causal_type = causal_type
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = (self.pad, 0) if self.causal_type == "left" else (0, self.pad)
+        return super().forward(F.pad(x, pad))
+
+
+class CausalUpsample(nn.Conv1d):
+    def __init__(self, cin, cout, kernel_size, stride):
+        super().__init__(cin, cout, kernel_size)
+        self.stride_up = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.interpolate(x, scale_factor=self.stride_up, mode="nearest")
+        return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
+
+
+class CausalDownsample(nn.Conv1d):
+    def __init__(self, cin, cout, kernel_size, stride):
+        super().__init__(cin, cout, kernel_size, stride=stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(F.pad(x, (self.stride[0] - 1, 0)))
+
+
+class Snake(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.alpha[None, :, None]
+        return x + (1.0 / (a + 1e-9)) * torch.sin(x * a).pow(2)
+
+
+class ResBlock(nn.Module):
+    def __init__(self, channels: int, kernel_size: int, dilations: list[int]):
+        super().__init__()
+        self.convs1 = nn.ModuleList(weight_norm(CausalConv1d(channels, channels, kernel_size, d)) for d in dilations)
+        self.convs2 = nn.ModuleList(weight_norm(CausalConv1d(channels, channels, kernel_size, 1)) for _ in dilations)
+        self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
+        self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
+            x = x + c2(a2(c1(a1(x))))
+        return x
+
+
+class F0Predictor(nn.Module):
+    """Mel -> F0 in Hz per frame; the first conv looks 3 frames ahead."""
+
+    def __init__(self, in_channels: int, cond_channels: int):
+        super().__init__()
+        layers: list[nn.Module] = [weight_norm(CausalConv1d(in_channels, cond_channels, 4, causal_type="right")), nn.ELU()]
+        for _ in range(4):
+            layers += [weight_norm(CausalConv1d(cond_channels, cond_channels, 3)), nn.ELU()]
+        self.condnet = nn.Sequential(*layers)
+        self.classifier = nn.Linear(cond_channels, 1)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.condnet(mel).transpose(1, 2)).squeeze(-1).abs()
+
+
+class SourceModule(nn.Module):
+    """Harmonic sine excitation from F0 merged into one channel (neural source filter)."""
+
+    def __init__(self, cfg: HiftConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.l_linear = nn.Linear(cfg.nb_harmonics + 1, 1)
+        gen = torch.Generator().manual_seed(0)
+        table = torch.rand(NOISE_SECONDS * cfg.sampling_rate, cfg.nb_harmonics + 1, generator=gen)
+        self.register_buffer("noise_table", table, persistent=False)
+
+    def forward(self, f0: torch.Tensor) -> torch.Tensor:
+        """f0 [B, frames] -> excitation [B, 1, frames * samples_per_frame]."""
+        cfg, up = self.cfg, self.cfg.samples_per_frame
+        harmonics = torch.arange(1, cfg.nb_harmonics + 2, device=f0.device, dtype=f0.dtype)
+        rad = (f0[:, :, None] * harmonics / cfg.sampling_rate) % 1  # cycles per sample, per frame
+        # phase advances a frame's worth at a time and is held within the frame (causal NSF)
+        phase = torch.cumsum(rad, dim=1) * 2 * torch.pi * up
+        sines = torch.sin(phase).repeat_interleave(up, dim=1) * cfg.nsf_alpha
+        voiced = (f0 > cfg.nsf_voiced_threshold).to(f0.dtype).repeat_interleave(up, dim=1)[:, :, None]
+        n = sines.shape[1]
+        idx = torch.arange(n, device=f0.device) % self.noise_table.shape[0]
+        noise_amp = voiced * cfg.nsf_sigma + (1 - voiced) * cfg.nsf_alpha / 3
+        excitation = sines * voiced + noise_amp * self.noise_table[idx].to(f0.dtype)
+        merged = torch.tanh(self.l_linear(excitation.to(self.l_linear.weight.dtype)))
+        return merged.float().transpose(1, 2)
+
+
+class HiftGenerator(nn.Module):
+    def __init__(self, cfg: HiftConfig):
+        super().__init__()
+        self.cfg = cfg
+        base, n_fft = cfg.base_channels, cfg.n_fft
+        self.m_source = SourceModule(cfg)
+        self.f0_predictor = F0Predictor(cfg.in_channels, cfg.f0_cond_channels)
+        self.conv_pre = weight_norm(
+            CausalConv1d(cfg.in_channels, base, cfg.conv_pre_look_right + 1, causal_type="right")
+        )
+        self.ups = nn.ModuleList(
+            weight_norm(CausalUpsample(base // 2**i, base // 2 ** (i + 1), k, u))
+            for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes))
+        )
+        down_rates = [1] + cfg.upsample_rates[::-1][:-1]
+        cum = [1]
+        for r in down_rates[1:]:
+            cum.append(cum[-1] * r)
+        self.source_downs = nn.ModuleList()
+        self.source_resblocks = nn.ModuleList()
+        for i, (u, k, d) in enumerate(zip(cum[::-1], cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)):
+            ch = base // 2 ** (i + 1)
+            down = CausalConv1d(n_fft + 2, ch, 1) if u == 1 else CausalDownsample(n_fft + 2, ch, u * 2, u)
+            self.source_downs.append(down)
+            self.source_resblocks.append(ResBlock(ch, k, d))
+        self.resblocks = nn.ModuleList()
+        for i in range(len(self.ups)):
+            ch = base // 2 ** (i + 1)
+            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes):
+                self.resblocks.append(ResBlock(ch, k, d))
+        self.conv_post = weight_norm(CausalConv1d(ch, n_fft + 2, 7))
+        self.register_buffer("stft_window", torch.hann_window(n_fft, periodic=True), persistent=False)
+
+    def stable_samples(self, frames: int, finalize: bool) -> int:
+        """Samples of a ``frames``-long mel that later frames can no longer change."""
+        if finalize:
+            return frames * self.cfg.samples_per_frame
+        held = 3 + self.cfg.conv_pre_look_right + 1  # F0 lookahead, conv_pre lookahead, iSTFT overlap
+        return max(frames - held, 0) * self.cfg.samples_per_frame
+
+    def _stft(self, x: torch.Tensor) -> torch.Tensor:
+        spec = torch.stft(x.float(), self.cfg.n_fft, self.cfg.hop_len, self.cfg.n_fft, window=self.stft_window, return_complex=True)
+        return torch.cat([spec.real, spec.imag], dim=1)
+
+    @torch.inference_mode()
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        """mel [B, 80, T] (zeros past each row's end) -> audio [B, T * samples_per_frame] in [-limit, limit]."""
+        cfg = self.cfg
+        # F0 and the phase it integrates stay in float32 whatever the model dtype
+        f0 = self.f0_predictor(mel.to(self.f0_predictor.classifier.weight.dtype)).float()
+        source = self.m_source(f0)
+        s_stft = self._stft(source.squeeze(1)).to(self.conv_pre.weight.dtype)
+        x = self.conv_pre(mel)
+        for i, up in enumerate(self.ups):
+            x = up(F.leaky_relu(x, cfg.lrelu_slope))
+            if i == len(self.ups) - 1:
+                x = F.pad(x, (1, 0), mode="reflect")
+            x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
+            n = len(cfg.resblock_kernel_sizes)
+            x = sum(self.resblocks[i * n + j](x) for j in range(n)) / n
+        x = self.conv_post(F.leaky_relu(x))
+        half = cfg.n_fft // 2 + 1
+        magnitude = torch.exp(x[:, :half].float()).clamp(max=1e2)
+        phase = torch.sin(x[:, half:].float())
+        spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+        audio = torch.istft(spec, cfg.n_fft, cfg.hop_len, cfg.n_fft, window=self.stft_window)
+        return audio.clamp(-cfg.audio_limit, cfg.audio_limit)

@@ -1,0 +1,95 @@
+"""The ``llm`` stage on the core AR engine: prompt embeddings in, speech tokens streamed out.
+
+RAS sampling and the length limits run through the engine's hooks (``sample`` once per step for
+the whole batch). Stop tokens (ids >= 6561) end a request and are not forwarded to the flow.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from omni_core.scheduler.ar_stage import ARStageWorker
+from omni_core.scheduler.engine import EngineConfig, EngineRequest
+from omni_core.scheduler.executor import Message
+from omni_core.scheduler.hooks import ARHooks, StepBatch
+from omni_core.scheduler.sampler import uniform_noise
+from omni_core.scheduler.sampling_params import SamplingParams
+
+from .config import LLMConfig
+from .llm import EXTRA_TOKEN_ROWS, CosyVoice3LM
+from .ras import RasParams, ras_sample
+
+SAMPLING_KEYS = {"temperature", "top_p", "top_k"}
+
+
+class RasHooks(ARHooks):
+    """Replaces the engine's sampler with batched repetition-aware sampling."""
+
+    def __init__(self, cfg: LLMConfig):
+        self.cfg = cfg
+
+    def sample(self, batch: StepBatch, logits: torch.Tensor) -> torch.Tensor:
+        rows = [batch.extras[b]["ras"] for b in batch.sample_index]
+        device = logits.device
+        params = RasParams(
+            top_p=torch.tensor([r["top_p"] for r in rows], device=device),
+            top_k=torch.tensor([r["top_k"] for r in rows], device=device, dtype=torch.int64),
+            temperature=torch.tensor([r["temperature"] for r in rows], device=device),
+            win_size=self.cfg.win_size,
+            tau_r=self.cfg.tau_r,
+        )
+        done = batch.num_output_tokens
+        block_stop = torch.tensor([n < r["min_tokens"] for n, r in zip(done, rows)], device=device)
+        seeds = torch.tensor([r["seed"] for r in rows], dtype=torch.int64, device=device)
+        uniforms = uniform_noise(seeds, torch.tensor(done, dtype=torch.int64, device=device), 2).float()
+        history = batch.recent_tokens(self.cfg.win_size)
+        return ras_sample(logits, history, params, uniforms, block_stop, self.cfg.speech_token_size)
+
+
+def _sampling(values: Any, cfg: LLMConfig) -> dict[str, float]:
+    values = dict(values or {})
+    unknown = set(values) - SAMPLING_KEYS
+    if unknown:
+        raise ValueError(f"unknown sampling options {sorted(unknown)} for cosyvoice3; known: {sorted(SAMPLING_KEYS)}")
+    out = {"temperature": 1.0, "top_p": cfg.top_p, "top_k": cfg.top_k}
+    out.update({k: v for k, v in values.items() if v is not None})
+    if not 0 < float(out["temperature"]) <= 2:
+        raise ValueError(f"temperature must be in (0, 2], got {out['temperature']}")
+    if not 0 < float(out["top_p"]) <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {out['top_p']}")
+    if int(out["top_k"]) < 1:
+        raise ValueError(f"top_k must be >= 1, got {out['top_k']}")
+    return {"temperature": float(out["temperature"]), "top_p": float(out["top_p"]), "top_k": int(out["top_k"])}
+
+
+class SpeechTokenWorker(ARStageWorker):
+    """Input payload (from the frontend): text_ids, target_text_len, llm_prompt_tokens, seed, sampling."""
+
+    def __init__(self, model: CosyVoice3LM, engine_config: EngineConfig):
+        super().__init__(model, hooks=RasHooks(model.cfg), engine_config=engine_config)
+        self.cfg = model.cfg
+        self.stop_ids = list(range(self.cfg.speech_token_size, self.cfg.speech_token_size + EXTRA_TOKEN_ROWS))
+
+    def make_request(self, message: Message) -> EngineRequest:
+        p = message.payload
+        model: CosyVoice3LM = self.model
+        min_len, max_len = model.length_limits(int(p["target_text_len"]))
+        seed = p.get("seed")
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little")
+        ras = dict(_sampling(p.get("sampling"), self.cfg), seed=int(seed) & 0x7FFFFFFF, min_tokens=min_len)
+        embeds = model.prompt_embeds(list(p["text_ids"]), list(p.get("llm_prompt_tokens") or []))
+        return EngineRequest(
+            request_id=message.request_id,
+            prompt_embeds=embeds,
+            params=SamplingParams(max_tokens=max_len, min_tokens=min_len, stop_token_ids=self.stop_ids, seed=ras["seed"]),
+            extras={"ras": ras},
+        )
+
+    def on_output(self, request_id, new_token_ids, finished, step_outputs, emit) -> None:
+        speech = [t for t in new_token_ids if t < self.cfg.speech_token_size]
+        if speech or finished:
+            emit("tokens", {"token_ids": speech}, end=finished)

@@ -1,0 +1,31 @@
+"""Registers the ``cosyvoice3`` family (Fun-CosyVoice3 text to speech) with omni."""
+
+from __future__ import annotations
+
+from omni_core.hooks import FamilySpec, Voice, hookimpl
+
+from .presets import write_tiny
+from .topology import build
+
+
+def voices(checkpoint_dir: str) -> list[Voice]:
+    """The speakers of spk2info.pt (the tiny preset has one, ``default``)."""
+    from .checkpoint import load_speakers
+
+    return [Voice(id=name, name=name, description="built-in speaker (spk2info.pt)") for name in sorted(load_speakers(checkpoint_dir))]
+
+
+@hookimpl
+def omni_families():
+    return [
+        FamilySpec(
+            name="cosyvoice3",
+            tasks=("speech",),
+            build=build,
+            default_checkpoint="FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+            presets={"tiny": write_tiny},
+            sample_rate=24000,
+            voices=voices,
+            description="Fun-CosyVoice3 TTS: streaming synthesis and zero-shot voice cloning",
+        )
+    ]

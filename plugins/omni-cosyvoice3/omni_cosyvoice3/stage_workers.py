@@ -1,0 +1,188 @@
+"""Workers of the frontend (fn), flow (batch) and hift (batch) stages.
+
+The flow and hift workers keep per-request state keyed by request id (freed on the last chunk
+or by ``release``) and run one forward for all the requests of a batch that are due. Each
+stream message is applied once even if the executor retries a batch (its seq is remembered).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .chunking import FlowStream
+from .flow import FlowModel, FlowRequest
+from .frontend import Frontend, parse_speed
+from .hift import HiftGenerator
+
+
+class FrontendWorker:
+    """Entry payload -> ``llm`` (prompt) and ``cond`` (the flow's speaker conditioning)."""
+
+    def __init__(self, frontend: Frontend, chunk_hop: int):
+        self.frontend = frontend
+        self.chunk_hop = chunk_hop
+
+    def __call__(self, message, emit) -> None:
+        payload = message.payload
+        speed = parse_speed(payload.get("speed"))
+        prepared = self.frontend.prepare(payload)
+        emit("cond", {
+            "prompt_tokens": prepared.flow_prompt_tokens,
+            "prompt_mel": prepared.prompt_mel,
+            "embedding": prepared.embedding,
+            "streaming": bool(payload.get("stream", True)),
+            "speed": speed,
+            "input_tokens": len(prepared.text_ids),
+        })
+        emit("llm", {
+            "text_ids": prepared.text_ids,
+            "target_text_len": prepared.target_text_len,
+            "llm_prompt_tokens": prepared.llm_prompt_tokens,
+            "seed": payload.get("seed"),
+            "sampling": payload.get("sampling") or {},
+        })
+
+
+class _Applied:
+    """Remembers the last applied seq per (request, port) so retried batches change nothing."""
+
+    def __init__(self):
+        self.last: dict[tuple[str, str], int] = {}
+
+    def fresh(self, message) -> bool:
+        key = (message.request_id, message.port)
+        if self.last.get(key, -1) >= message.seq:
+            return False
+        self.last[key] = message.seq
+        return True
+
+    def forget(self, request_id: str) -> None:
+        for key in [k for k in self.last if k[0] == request_id]:
+            del self.last[key]
+
+
+class FlowWorker:
+    def __init__(self, model: FlowModel, hop: int, max_hop: int):
+        self.model = model
+        self.hop, self.max_hop = hop, max_hop
+        self.streams: dict[str, FlowStream] = {}
+        self.extra: dict[str, dict[str, Any]] = {}
+        self.early: dict[str, list] = {}  # token messages that beat their conditioning
+        self.applied = _Applied()
+
+    def _apply(self, message) -> None:
+        rid, p = message.request_id, message.payload
+        if message.port == "cond":
+            self.streams[rid] = FlowStream(
+                prompt_tokens=[int(t) for t in p["prompt_tokens"]],
+                prompt_mel=torch.as_tensor(p["prompt_mel"]).float(),
+                embedding=torch.as_tensor(p["embedding"]).float(),
+                streaming=bool(p.get("streaming", True)),
+                hop=self.hop,
+                max_hop=self.max_hop,
+                lookahead=self.model.cfg.pre_lookahead_len,
+            )
+            self.extra[rid] = {"speed": float(p.get("speed", 1.0)), "input_tokens": int(p.get("input_tokens", 0))}
+            for early in self.early.pop(rid, []):
+                self._apply(early)
+            return
+        stream = self.streams.get(rid)
+        if stream is None:
+            self.early.setdefault(rid, []).append(message)
+            return
+        stream.tokens.extend(int(t) for t in p.get("token_ids", []))
+        stream.finished = stream.finished or message.end
+
+    def process(self, messages, emit) -> None:
+        touched = []
+        for message in messages:
+            if self.applied.fresh(message):
+                self._apply(message)
+            touched.append(message.request_id)
+        jobs = []
+        for rid in dict.fromkeys(touched):
+            stream = self.streams.get(rid)
+            due = stream.next_end() if stream is not None else None
+            if due is not None:
+                jobs.append((rid, stream, *due))
+        runnable = [j for j in jobs if j[2] > j[1].offset]  # a final call with no new tokens only ends the stream
+        mels = {}
+        if runnable:
+            requests = [
+                FlowRequest(s.flow_tokens(end, final), len(s.prompt_tokens), s.prompt_mel, s.embedding, final, s.streaming)
+                for _, s, end, final in runnable
+            ]
+            for (rid, *_), mel in zip(runnable, self.model.infer(requests)):
+                mels[rid] = mel
+        ratio = self.model.cfg.token_mel_ratio
+        for rid, stream, end, final in jobs:
+            mel = mels.get(rid)
+            delta = torch.zeros(self.model.cfg.mel_bins, 0) if mel is None else mel[:, stream.offset * ratio : end * ratio]
+            payload = {"mel": delta.float().cpu(), "speed": self.extra[rid]["speed"]}
+            if final:
+                payload["usage"] = {"input_tokens": self.extra[rid]["input_tokens"], "output_tokens": len(stream.tokens)}
+            stream.advance(end, final)
+            emit(rid, "mel", payload, end=final)
+            if final:
+                self.release(rid)
+
+    def release(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
+        self.extra.pop(request_id, None)
+        self.early.pop(request_id, None)
+        self.applied.forget(request_id)
+
+
+class HiftWorker:
+    def __init__(self, model: HiftGenerator):
+        self.model = model
+        self.mel: dict[str, torch.Tensor] = {}
+        self.sent: dict[str, int] = {}
+        self.applied = _Applied()
+
+    def process(self, messages, emit) -> None:
+        device = self.model.conv_post.weight.device
+        dtype = self.model.conv_post.weight.dtype
+        rows = []
+        for message in messages:
+            rid, p = message.request_id, message.payload
+            if self.applied.fresh(message):
+                chunk = torch.as_tensor(p.get("mel", torch.zeros(80, 0))).float()
+                speed = float(p.get("speed", 1.0))
+                if speed != 1.0 and chunk.shape[1] > 0:
+                    chunk = F.interpolate(chunk[None], size=max(1, int(chunk.shape[1] / speed)), mode="linear")[0]
+                cache = self.mel.get(rid)
+                self.mel[rid] = chunk if cache is None else torch.cat([cache, chunk], dim=1)
+            elif rid not in self.mel:
+                continue
+            rows.append((rid, message.end, p.get("usage")))
+        if not rows:
+            return
+        lengths = [self.mel[rid].shape[1] for rid, _, _ in rows]
+        t_max = max(lengths)
+        audio = None
+        if t_max > 0:
+            batch = torch.zeros(len(rows), self.model.cfg.in_channels, t_max, device=device, dtype=dtype)
+            for i, (rid, _, _) in enumerate(rows):
+                batch[i, :, : lengths[i]] = self.mel[rid].to(device, dtype)
+            audio = self.model(batch).float().cpu()
+        for i, (rid, end, usage) in enumerate(rows):
+            stable = self.model.stable_samples(lengths[i], end)
+            start = self.sent.get(rid, 0)
+            delta = audio[i, start:stable] if audio is not None and stable > start else torch.zeros(0)
+            self.sent[rid] = max(start, stable)
+            payload: dict[str, Any] = {"audio": delta.contiguous()}
+            if end and usage:
+                payload["usage"] = usage
+            if delta.numel() or end:
+                emit(rid, "audio", payload, end=end)
+            if end:
+                self.release(rid)
+
+    def release(self, request_id: str) -> None:
+        self.mel.pop(request_id, None)
+        self.sent.pop(request_id, None)
+        self.applied.forget(request_id)

@@ -1,0 +1,101 @@
+"""CosyVoice3 as a stage graph: frontend (fn) -> llm (ar) =tokens=> flow (batch) =mel=> hift (batch) -> audio.
+
+The frontend also sends the flow the speaker conditioning (``cond``). Weights load inside the
+stage factories, in the process that hosts each stage.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+from omni_core.pipeline import Edge, StageSpec, Topology
+from omni_core.scheduler.engine import EngineConfig
+
+from .checkpoint import check_layout, load_flow, load_hift, load_llm, load_speakers
+from .config import load_config
+from .frontend import Frontend
+from .llm_stage import SpeechTokenWorker
+from .presets import describe
+from .stage_workers import FlowWorker, FrontendWorker, HiftWorker
+
+log = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"cosyvoice3: dtype must be one of {sorted(DTYPES)}, not {name!r}")
+    return DTYPES[name]
+
+
+def frontend_factory(context, checkpoint_dir: str):
+    cfg = load_config(checkpoint_dir)
+    return FrontendWorker(Frontend(checkpoint_dir, load_speakers(checkpoint_dir), cfg.sample_rate), cfg.chunk_size)
+
+
+def llm_factory(context, checkpoint_dir: str, dtype: str, max_num_seqs: int, kv_cache_bytes: int | None, cuda_graphs: bool):
+    model = load_llm(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
+    config = EngineConfig(
+        max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes, dtype=_dtype(dtype), cuda_graphs=cuda_graphs,
+        enable_prefix_caching=True,
+    )
+    return SpeechTokenWorker(model, config)
+
+
+def flow_factory(context, checkpoint_dir: str, dtype: str, max_hop: int):
+    cfg = load_config(checkpoint_dir)
+    model = load_flow(checkpoint_dir, cfg).to(device=context.device, dtype=_dtype(dtype))
+    return FlowWorker(model, cfg.chunk_size, max_hop)
+
+
+def hift_factory(context, checkpoint_dir: str, dtype: str):
+    model = load_hift(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
+    return HiftWorker(model)
+
+
+def build(checkpoint_dir: str, options: dict) -> Topology:
+    """Options: ``dtype`` (flow; float32 | bfloat16 | float16, default float32), ``llm_dtype``
+    (default: ``dtype``), ``hift_dtype`` (default float32), ``max_batch`` (requests per flow /
+    hift call and llm rows, default 32), ``batch_window_ms`` (default 5), ``max_hop`` (tokens of
+    the largest flow chunk, default 100), ``kv_cache_bytes``, ``cuda_graphs`` (default True)."""
+    check_layout(checkpoint_dir)
+    if describe(checkpoint_dir)["preset"]:
+        log.warning("cosyvoice3: %s holds the %r preset (random weights): its audio is noise",
+                    checkpoint_dir, describe(checkpoint_dir)["preset"])
+    dtype = str(options.get("dtype", "float32"))
+    llm_dtype = str(options.get("llm_dtype", dtype))
+    hift_dtype = str(options.get("hift_dtype", "float32"))
+    for name in (dtype, llm_dtype, hift_dtype):
+        _dtype(name)
+    max_batch = int(options.get("max_batch", 32))
+    batch_options = {"max_batch": max_batch, "batch_window_ms": float(options.get("batch_window_ms", 5))}
+    kv = options.get("kv_cache_bytes")
+    make = functools.partial
+    path = str(Path(checkpoint_dir))
+    return Topology(
+        name="cosyvoice3",
+        stages=[
+            StageSpec("frontend", "fn", make(frontend_factory, checkpoint_dir=path), ("in",), ("llm", "cond")),
+            StageSpec("llm", "ar", make(llm_factory, checkpoint_dir=path, dtype=llm_dtype, max_num_seqs=max_batch,
+                                        kv_cache_bytes=None if kv is None else int(kv),
+                                        cuda_graphs=bool(options.get("cuda_graphs", True))),
+                      ("in",), ("tokens",), options={"family": "cosyvoice3"}),
+            StageSpec("flow", "batch", make(flow_factory, checkpoint_dir=path, dtype=dtype,
+                                            max_hop=int(options.get("max_hop", 100))),
+                      ("cond", "tokens"), ("mel",), options=dict(batch_options)),
+            StageSpec("hift", "batch", make(hift_factory, checkpoint_dir=path, dtype=hift_dtype),
+                      ("mel",), ("audio",), options=dict(batch_options)),
+        ],
+        edges=[
+            Edge("frontend.llm", "llm.in"),
+            Edge("frontend.cond", "flow.cond"),
+            Edge("llm.tokens", "flow.tokens", kind="stream"),
+            Edge("flow.mel", "hift.mel", kind="stream"),
+        ],
+        entry="frontend.in",
+        outputs={"audio": "hift.audio"},
+    )
