@@ -35,5 +35,7 @@ def omni_transports():
         TransportSpec("inproc", _inproc, "same process: passes references, no copy", cross_process=False),
         TransportSpec("shm", _shm, "shared memory between processes of one host; zero-copy receive"),
         TransportSpec("zmq", _zmq, "tensors as zmq frames over tcp; works across hosts", cross_host=True),
-        TransportSpec("nccl", _nccl, "torch.distributed point-to-point between GPU processes", cross_host=True),
+        TransportSpec(
+            "nccl", _nccl, "torch.distributed point-to-point between GPU processes", cross_host=True
+        ),
     ]

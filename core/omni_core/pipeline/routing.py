@@ -53,13 +53,17 @@ class Routes:
                     if index in on and dst not in reached:
                         reached.add(dst)
                         frontier.append(dst)
-        expected = {name for port, names in self.terminals.items() for name in names if split_port(port)[0] in reached}
+        expected = {
+            name for port, names in self.terminals.items() for name in names if split_port(port)[0] in reached
+        }
         joins: dict[str, set[str]] = {}
         for stage in self.join_stages & reached:
             joins[stage] = {
                 split_port(edge.dst)[1]
                 for index, edge in enumerate(self.topology.edges)
-                if index in on and edge.kind == "message" and split_port(edge.dst)[0] == stage
+                if index in on
+                and edge.kind == "message"
+                and split_port(edge.dst)[0] == stage
                 and split_port(edge.src)[0] in reached
             }
         return RequestPlan(on_edges=on, reached=reached, expected=expected, joins=joins)

@@ -270,6 +270,10 @@ class Pipeline:
             stages[name] = stats
         return {"running": running, "stages": stages}
 
+    def stage_pids(self) -> dict[str, int]:
+        """Process ids of the stages placed in their own processes."""
+        return {name: e.pid for name, e in self.executors.items() if getattr(e, "pid", None) is not None}
+
     def running(self) -> list[str]:
         with self._lock:
             return list(self._requests)

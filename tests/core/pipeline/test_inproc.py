@@ -8,8 +8,8 @@ import time
 
 import pytest
 import torch
-
 from omni_core.pipeline import Pipeline, PipelineFull, RequestFailed
+
 from tests.core.pipeline import toy_topologies as toy
 
 
@@ -33,7 +33,9 @@ def test_cosyvoice_shape_streams_audio_equal_to_direct_computation():
 def test_omni_shape_fans_out_by_content_and_joins_what_each_request_brings():
     audio, image = torch.randn(96), torch.randn(8, 8)
     with Pipeline(toy.omni_like()) as pipeline:
-        full = pipeline.submit({"text": "hi", "audio": audio, "image": image, "modalities": ["text", "audio"]})
+        full = pipeline.submit(
+            {"text": "hi", "audio": audio, "image": image, "modalities": ["text", "audio"]}
+        )
         text_only = pipeline.submit({"text": "hi"})
         with_image = pipeline.submit({"text": "yo", "image": image})
 
@@ -64,7 +66,7 @@ def test_fish_and_asr_shapes_and_batching_of_concurrent_requests():
     with Pipeline(toy.asr_like()) as pipeline:
         handles = [pipeline.submit({"audio": clip}) for clip in clips]
         texts = [h.collect(timeout=10)["text"] for h in handles]
-        for clip, events in zip(clips, texts):
+        for clip, events in zip(clips, texts, strict=False):
             assert events[-1].payload["text"] == toy.reference_asr(clip)
             assert "".join(e.payload["text"] for e in events[:-1]) == events[-1].payload["text"]
         assert max(pipeline.executors["encoder"].worker.batch_sizes) > 1  # grouped within the window
@@ -77,9 +79,15 @@ def test_stage_exception_fails_only_that_request_and_names_the_stage():
         with pytest.raises(RequestFailed) as failure:
             bad.collect(timeout=10)
         assert failure.value.stage == "flow"
-        assert "flow" in str(failure.value) and "ValueError" in str(failure.value) and "boom" in str(failure.value)
+        assert (
+            "flow" in str(failure.value)
+            and "ValueError" in str(failure.value)
+            and "boom" in str(failure.value)
+        )
         for i, handle in enumerate(good):
-            assert torch.allclose(audio_of(handle.collect(timeout=10)["audio"]), toy.reference_cosyvoice(f"fine {i}"))
+            assert torch.allclose(
+                audio_of(handle.collect(timeout=10)["audio"]), toy.reference_cosyvoice(f"fine {i}")
+            )
         assert pipeline.stats()["running"] == 0
 
 

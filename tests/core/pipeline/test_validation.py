@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import pytest
-
 from omni_core.pipeline import Edge, Pipeline, StageSpec, Topology, TopologyError
+
 from tests.core.pipeline import toy_topologies as toy
 
 
 def chain(edges, outputs=None, entry="a.in", extra=()):
     stages = [StageSpec(n, "fn", toy.cv_frontend) for n in ("a", "b", "c", *extra)]
-    return Topology(stages=stages, edges=edges, entry=entry, outputs={"out": "c.out"} if outputs is None else outputs)
+    return Topology(
+        stages=stages, edges=edges, entry=entry, outputs={"out": "c.out"} if outputs is None else outputs
+    )
 
 
 @pytest.mark.parametrize(
     "topology, message",
     [
         (chain([Edge("a.out", "b.in"), Edge("b.out", "zz.in")]), "unknown stage 'zz'"),
-        (chain([Edge("a.out", "b.in"), Edge("b.out", "c.in")], entry="nope.in"), "entry: unknown stage 'nope'"),
+        (
+            chain([Edge("a.out", "b.in"), Edge("b.out", "c.in")], entry="nope.in"),
+            "entry: unknown stage 'nope'",
+        ),
         (chain([Edge("a.out", "b.nope"), Edge("b.out", "c.in")]), "stage 'b' has no input 'nope'"),
         (chain([Edge("a.out", "b.in", kind="broadcast"), Edge("b.out", "c.in")]), "unknown kind 'broadcast'"),
         (
@@ -26,7 +31,10 @@ def chain(edges, outputs=None, entry="a.in", extra=()):
         ),
         (chain([Edge("a.out", "c.in"), Edge("b.out", "c.in", "stream")]), "unreachable stage(s) ['b']"),
         (chain([Edge("a.out", "b.in"), Edge("b.out", "c.in")], outputs={}), "no terminal outputs"),
-        (chain([Edge("a.out", "b.in"), Edge("b.out", "c.in")], outputs={"x": "c.wav"}), "terminal output 'x'"),
+        (
+            chain([Edge("a.out", "b.in"), Edge("b.out", "c.in")], outputs={"x": "c.wav"}),
+            "terminal output 'x'",
+        ),
         (
             chain([Edge("a.out", "b.in"), Edge("a.out", "c.in")], outputs={"x": "c.out"}),
             "stage 'b' has no outgoing edge and no terminal output",
@@ -58,6 +66,11 @@ def test_placement_errors_are_clear():
     with pytest.raises(ValueError, match="need rebuild="):
         Pipeline(toy.cosyvoice_like(), stage_mode="process")
     with pytest.raises(ValueError, match="'inproc' cannot cross processes"):
-        Pipeline(toy.cosyvoice_like(), placement={"flow": "process"}, transport="inproc", rebuild=toy.cosyvoice_like)
+        Pipeline(
+            toy.cosyvoice_like(),
+            placement={"flow": "process"},
+            transport="inproc",
+            rebuild=toy.cosyvoice_like,
+        )
     with pytest.raises(ValueError, match="stage_mode must be one of"):
         Pipeline(toy.cosyvoice_like(), stage_mode="threads")

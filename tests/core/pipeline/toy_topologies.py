@@ -12,7 +12,6 @@ import os
 import time
 
 import torch
-
 from omni_core.pipeline import JOINED_PORT, Edge, StageSpec, Topology
 
 DIM = 16
@@ -39,16 +38,19 @@ def maybe_fail(stage: str, payload: dict, options: dict) -> None:
 # ---- shared math (used by stages and by the references) --------------------------------------
 
 
-def ar_tokens(ids: torch.Tensor, steps: int, seed: int) -> list[int]:
+def iter_ar_tokens(ids: torch.Tensor, steps: int, seed: int):
     """A toy autoregressive LM: next token = argmax(W @ (embed(prev) + running context))."""
     embed, head = weights(seed, VOCAB, DIM), weights(seed + 1, VOCAB, DIM)
     context = embed[ids].sum(0)
-    token, out = int(ids[-1]), []
+    token = int(ids[-1])
     for _ in range(steps):
         context = torch.tanh(context + embed[token])
         token = int(torch.argmax(head @ context))
-        out.append(token)
-    return out
+        yield token
+
+
+def ar_tokens(ids: torch.Tensor, steps: int, seed: int) -> list[int]:
+    return list(iter_ar_tokens(ids, steps, seed))
 
 
 def tokens_to_mel(tokens: torch.Tensor) -> torch.Tensor:
@@ -235,7 +237,9 @@ def omni_thinker(context):
     def run(message, emit):
         maybe_fail("thinker", message.payload, context.options)
         text = []
-        for token, hidden in thinker_step_outputs(message.payload["embeds"], int(context.options.get("steps", 5))):
+        for token, hidden in thinker_step_outputs(
+            message.payload["embeds"], int(context.options.get("steps", 5))
+        ):
             text.append(chr(97 + token % 26))
             emit("text", {"text": text[-1]}, end=False)
             emit("hidden", {"hidden": hidden}, end=False)
@@ -291,7 +295,11 @@ class TalkerWorker:
 
 def omni_code_predictor(context):
     def run(message, emit):
-        emit("codes", {"codes": predict_residual_codes(message.payload["hidden"], message.payload["code0"])}, end=False)
+        emit(
+            "codes",
+            {"codes": predict_residual_codes(message.payload["hidden"], message.payload["code0"])},
+            end=False,
+        )
 
     return run
 
@@ -376,20 +384,26 @@ def fish_frontend(context):
             ref = payload["reference_audio"]
             codes = torch.argmax(ref[: len(ref) // 6 * 6].reshape(-1, 6) @ weights(40, 6, VOCAB), -1)
             prompt = torch.cat([codes, prompt])
-        emit("out", {"prompt": prompt})
+        emit(
+            "out",
+            {"prompt": prompt, "frames": int(payload.get("frames", 6)), "delay_s": payload.get("delay_s", 0)},
+        )
 
     return run
 
 
-def dual_ar_frames(prompt: torch.Tensor, frames: int) -> list[list[int]]:
-    slow = ar_tokens(prompt, frames, seed=41)
-    return [[code0, *ar_tokens(torch.tensor([code0]), 2, seed=43)] for code0 in slow]
+def dual_ar_frames(prompt: torch.Tensor, frames: int):
+    """Slow AR picks code 0 per frame; a fast AR fills the frame's other codes."""
+    for code0 in iter_ar_tokens(prompt, frames, seed=41):
+        yield [code0, *ar_tokens(torch.tensor([code0]), 2, seed=43)]
 
 
 def fish_dual_ar(context):
     def run(message, emit):
         maybe_fail("dual_ar", message.payload, context.options)
-        for frame in dual_ar_frames(message.payload["prompt"], int(context.options.get("frames", 6))):
+        for frame in dual_ar_frames(message.payload["prompt"], message.payload["frames"]):
+            if message.payload["delay_s"]:
+                time.sleep(message.payload["delay_s"])
             emit("codes", {"codes": torch.tensor(frame)[:, None]}, end=False)
         emit("codes", {}, end=True)
 
@@ -402,7 +416,9 @@ def fish_like(**options) -> Topology:
         stages=[
             StageSpec("frontend", "fn", fish_frontend, options=dict(options)),
             StageSpec("dual_ar", "fn", fish_dual_ar, outputs=("codes",), options=dict(options)),
-            StageSpec("codec", "batch", Code2WavWorker, inputs=("codes",), outputs=("audio",), options=dict(options)),
+            StageSpec(
+                "codec", "batch", Code2WavWorker, inputs=("codes",), outputs=("audio",), options=dict(options)
+            ),
         ],
         edges=[Edge("frontend.out", "dual_ar.in"), Edge("dual_ar.codes", "codec.codes", "stream")],
         entry="frontend.in",
@@ -445,7 +461,7 @@ class AsrEncoder:
         width = max(m.shape[1] for m in mels)
         batch = torch.stack([torch.nn.functional.pad(m, (0, width - m.shape[1])) for m in mels])
         encoded = torch.tanh(torch.einsum("bft,fd->btd", batch, weights(50, 33, DIM)))
-        for message, mel, states in zip(messages, mels, encoded):
+        for message, mel, states in zip(messages, mels, encoded, strict=False):
             emit(message.request_id, "out", {"states": states[: mel.shape[1]].clone()})
 
 
@@ -455,6 +471,9 @@ def asr_decode(states: torch.Tensor, max_tokens: int = 8) -> list[str]:
 
 
 def asr_decoder(context):
+    if context.options.get("broken_stage") == "decoder":
+        raise RuntimeError("decoder weights missing")
+
     def run(message, emit):
         pieces = asr_decode(message.payload["states"])
         for piece in pieces:

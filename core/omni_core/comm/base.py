@@ -1,0 +1,38 @@
+"""What a transport is: how a payload's tensors move from one process (or host) to another.
+
+``pack(request_id, payload)`` returns the frames to send (the first is msgpack metadata);
+``unpack(frames)`` rebuilds the payload on the receiving side. ``release(request_id)`` frees
+whatever the transport still holds for a finished or aborted request, ``close()`` everything.
+The control plane (zmq sockets of the pipeline runtime) carries the frames.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class TransportUnavailable(RuntimeError):
+    """The transport cannot run here (no GPU for nccl...): the message says why and what to use."""
+
+
+class Transport(ABC):
+    name = "base"
+
+    def __init__(self, prefix: str = "omni", **options: Any):
+        self.prefix = prefix
+        self.options = options
+
+    @abstractmethod
+    def pack(self, request_id: str, payload: dict[str, Any]) -> list[Any]: ...
+
+    @abstractmethod
+    def unpack(self, frames: list[Any]) -> dict[str, Any]: ...
+
+    def release(self, request_id: str) -> None:
+        """Free what is still held for the request (unconsumed buffers)."""
+        return None
+
+    def close(self) -> None:
+        """Free everything this transport's prefix still holds."""
+        return None

@@ -1,0 +1,81 @@
+"""The control plane between the runtime and a stage process: zmq PUSH/PULL pairs carrying
+multipart messages ``[msgpack header, *transport frames]``.
+
+Header ``op``s, runtime -> stage: ``msg`` (rid, port, end, seq + a payload), ``abort`` and
+``release`` (rid), ``stop``. Stage -> runtime: ``ready``, ``error`` (startup failed: message),
+``emit`` (rid, port, end, seq + a payload), ``fail`` (rid, error), ``stats`` (the executor's).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import zmq
+
+from omni_core.comm import framing
+from omni_core.scheduler.executor import Message
+
+
+def bind_address(socket: zmq.Socket, control: str, ipc_path: str) -> str:
+    """Bind to an ipc path or a free tcp port on 127.0.0.1; returns the address peers connect to."""
+    if control == "ipc":
+        address = f"ipc://{ipc_path}"
+        socket.bind(address)
+        return address
+    if control == "tcp":
+        port = socket.bind_to_random_port("tcp://127.0.0.1")
+        return f"tcp://127.0.0.1:{port}"
+    raise ValueError(f"control must be 'ipc' or 'tcp', got {control!r}")
+
+
+class Channel:
+    """One direction of the control plane; sends are serialised (zmq sockets are not thread-safe)."""
+
+    def __init__(self, socket: zmq.Socket, transport: Any):
+        self.socket = socket
+        self.transport = transport
+        self._lock = threading.Lock()
+
+    def send(self, header: dict[str, Any], frames: list[Any] = ()) -> None:
+        with self._lock:
+            self.socket.send_multipart([framing.pack_header(header), *frames], copy=False)
+
+    def send_message(self, op: str, message: Message) -> None:
+        """Frame the payload first: a payload that cannot travel raises ``FramingError`` here."""
+        frames = self.transport.pack(message.request_id, message.payload)
+        header = {
+            "op": op,
+            "rid": message.request_id,
+            "port": message.port,
+            "end": message.end,
+            "seq": message.seq,
+        }
+        self.send(header, frames)
+
+    def close(self) -> None:
+        with self._lock:
+            self.socket.close(linger=0)
+
+
+def receive(
+    socket: zmq.Socket, transport: Any, timeout_ms: int
+) -> tuple[dict[str, Any], Message | None] | None:
+    """The next control message within ``timeout_ms``, or None. A payload is always unpacked
+    (shared memory is consumed even when the request is already gone); one that cannot be
+    comes back as ``(header, None)`` with ``header["unpack_error"]``."""
+    if not socket.poll(timeout_ms):
+        return None
+    frames = socket.recv_multipart(copy=False)
+    header = framing.unpack_header(frames[0].buffer)
+    if header.get("op") not in ("msg", "emit"):
+        return header, None
+    try:
+        payload = transport.unpack(frames[1:])
+    except framing.FramingError as exc:
+        header["unpack_error"] = str(exc)
+        return header, None
+    message = Message(
+        str(header["rid"]), str(header["port"]), payload, bool(header["end"]), int(header["seq"])
+    )
+    return header, message

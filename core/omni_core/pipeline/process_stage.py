@@ -1,0 +1,266 @@
+"""A stage placed in its own process, seen from the runtime as an ``Executor``.
+
+``ProcessStage`` spawns the child (``stage_process.run_stage_process``), forwards messages,
+aborts and releases to it over zmq, and routes what it emits. A monitor thread reads the child's
+messages and watches the process: when it dies, the requests it held fail with a clear error,
+a new child is spawned, and messages submitted meanwhile wait and then go to the new child.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from omni_core.comm.framing import FramingError
+from omni_core.pipeline.control import Channel, bind_address, receive
+from omni_core.pipeline.stage_process import run_stage_process
+from omni_core.scheduler.executor import Executor, Message
+
+POLL_MS = 50  # the monitor's poll interval: also how soon a dead child is noticed
+START_TIMEOUT_S = 180.0
+MAX_RESTARTS_IN_A_ROW = 3
+
+
+class StageProcessError(RuntimeError):
+    pass
+
+
+class ProcessStage(Executor):
+    def __init__(self, pipeline: Any, stage: Any, device: str, emit, fail):
+        self.stage = stage
+        self.name = stage.name
+        self.device = device
+        self.pipeline = pipeline
+        self.transport = pipeline._transport
+        self._emit, self._fail = emit, fail
+        self.start_timeout_s = float(stage.options.get("start_timeout_s", START_TIMEOUT_S))
+        self._zmq = zmq.Context()
+        self._dir = tempfile.mkdtemp(prefix="omni-ctl-")
+        self._lock = threading.Lock()
+        self._state = "new"  # new | running | restarting | dead | stopped
+        self._dead_reason = ""
+        self._inflight: set[str] = set()
+        self._waiting: list[Message] = []  # submitted while the child restarts
+        self._generation = 0
+        self._process: multiprocessing.Process | None = None
+        self._out: Channel | None = None
+        self._pull: zmq.Socket | None = None
+        self._monitor: threading.Thread | None = None
+        self._child_stats: dict[str, Any] = {}
+        self.restarts = 0
+        self.pid: int | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._spawn_and_wait()
+        with self._lock:
+            self._state = "running"
+        self._monitor = threading.Thread(target=self._watch, name=f"omni-proc-{self.name}", daemon=True)
+        self._monitor.start()
+
+    def _spawn_and_wait(self) -> None:
+        self._generation += 1
+        base = os.path.join(self._dir, f"{self.name[:20]}-{self._generation}")
+        push = self._zmq.socket(zmq.PUSH)
+        pull = self._zmq.socket(zmq.PULL)
+        inbox = bind_address(push, self.pipeline.control, base + "-in")
+        outbox = bind_address(pull, self.pipeline.control, base + "-out")
+        process = multiprocessing.get_context("spawn").Process(
+            target=run_stage_process,
+            args=(
+                self.pipeline.rebuild,
+                self.name,
+                self.device,
+                self.pipeline.transport_name,
+                self.pipeline.prefix,
+                inbox,
+                outbox,
+                os.getpid(),
+            ),
+            name=f"omni-stage-{self.name}",
+            daemon=True,
+        )
+        try:
+            process.start()
+            self._await_ready(process, pull)
+        except BaseException:
+            push.close(linger=0)
+            pull.close(linger=0)
+            _end_process(process)
+            raise
+        with self._lock:
+            old = (self._out, self._pull)
+            self._process, self._pull, self._out = process, pull, Channel(push, self.transport)
+            self.pid = process.pid
+        for sock in old:
+            if sock is not None:
+                sock.close() if isinstance(sock, Channel) else sock.close(linger=0)
+
+    def _await_ready(self, process, pull) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            received = receive(pull, self.transport, POLL_MS)
+            if received is not None:
+                header, _ = received
+                if header.get("op") == "ready":
+                    return
+                if header.get("op") == "error":
+                    raise StageProcessError(
+                        f"stage {self.name!r} failed in its process: {header.get('message')}\n{header.get('traceback', '')}"
+                    )
+            elif process.exitcode is not None:
+                raise StageProcessError(
+                    f"stage {self.name!r}: its process exited with code {process.exitcode} while starting"
+                )
+        raise StageProcessError(
+            f"stage {self.name!r}: its process did not start within {self.start_timeout_s:.0f} s"
+        )
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._state == "stopped":
+                return
+            self._state = "stopped"
+            out, process = self._out, self._process
+        if out is not None:
+            try:
+                out.send({"op": "stop"})
+            except zmq.ZMQError:
+                pass
+        if process is not None:
+            _end_process(process)
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(timeout=2)
+        with self._lock:
+            if self._out is not None:
+                self._out.close()
+            if self._pull is not None:
+                self._pull.close(linger=0)
+        self._zmq.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def submit(self, message: Message) -> None:
+        with self._lock:
+            state = self._state
+            if state == "restarting":
+                self._waiting.append(message)
+                return
+            if state == "running":
+                self._inflight.add(message.request_id)
+                try:
+                    self._out.send_message("msg", message)
+                    return
+                except FramingError as exc:
+                    error = f"input {message.port!r}: {exc}"
+                except zmq.ZMQError as exc:
+                    error = f"cannot reach the stage process: {exc}"
+            else:
+                error = self._dead_reason or f"stage process is {state}"
+        self._fail(message.request_id, error)
+
+    def _send_op(self, op: str, request_id: str) -> None:
+        with self._lock:
+            self._inflight.discard(request_id)
+            self._waiting = [m for m in self._waiting if m.request_id != request_id]
+            if self._state == "running":
+                try:
+                    self._out.send({"op": op, "rid": request_id})
+                except zmq.ZMQError:
+                    pass
+
+    def abort(self, request_id: str) -> None:
+        self._send_op("abort", request_id)
+
+    def release(self, request_id: str) -> None:
+        self._send_op("release", request_id)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            stats = dict(self._child_stats)
+            stats.update(
+                inflight=len(self._inflight), restarts=self.restarts, pid=self.pid, state=self._state
+            )
+        return stats
+
+    # -- monitor ----------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while True:
+            with self._lock:
+                if self._state == "stopped":
+                    return
+                pull, process = self._pull, self._process
+            try:
+                received = receive(pull, self.transport, POLL_MS)
+            except zmq.ZMQError:
+                received = None  # socket closed by stop()
+            if received is not None:
+                self._handle(*received)
+            elif process.exitcode is not None:
+                self._restart(process.exitcode)
+
+    def _handle(self, header: dict[str, Any], message: Message | None) -> None:
+        op = header.get("op")
+        if op == "emit":
+            if message is not None:
+                self._emit(message)
+            else:
+                self._fail(str(header.get("rid")), header.get("unpack_error", "bad frame"))
+        elif op == "fail":
+            self._fail(str(header.get("rid")), str(header.get("error")))
+        elif op == "stats":
+            with self._lock:
+                self._child_stats = dict(header.get("stats") or {})
+
+    def _restart(self, exitcode: int) -> None:
+        with self._lock:
+            if self._state != "running":
+                return
+            self._state = "restarting"
+            lost, self._inflight = self._inflight, set()
+            self.restarts += 1
+        reason = f"stage process died (exit code {exitcode}); it is being restarted"
+        for request_id in lost:
+            self._fail(request_id, reason)
+        for _attempt in range(MAX_RESTARTS_IN_A_ROW):
+            try:
+                self._spawn_and_wait()
+                break
+            except Exception as exc:
+                reason = f"stage process could not be restarted: {exc}"
+        else:
+            with self._lock:
+                self._state, self._dead_reason = "dead", reason
+                waiting, self._waiting = self._waiting, []
+            for message in waiting:
+                self._fail(message.request_id, reason)
+            return
+        with self._lock:
+            if self._state == "stopped":
+                return
+            self._state = "running"
+            waiting, self._waiting = self._waiting, []
+        for message in waiting:
+            self.submit(message)
+
+
+def _end_process(process: multiprocessing.Process) -> None:
+    if process.pid is None:
+        return  # never started
+    process.join(timeout=3)
+    if process.is_alive():
+        process.terminate()
+        process.join(timeout=2)
+    if process.is_alive():
+        process.kill()
+        process.join(timeout=2)

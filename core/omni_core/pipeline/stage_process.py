@@ -1,0 +1,106 @@
+"""The main function of a spawned stage process.
+
+It rebuilds the topology with the picklable ``rebuild`` callable, takes its stage, and builds and
+runs the executor with ``build_executor``, the same function the in-process runtime uses. It
+exits when told to stop or when the runtime process is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from omni_core.comm.framing import FramingError
+from omni_core.pipeline.control import Channel, receive
+from omni_core.pipeline.stage_host import build_executor, release_request
+
+STATS_INTERVAL_S = 0.2
+
+
+def run_stage_process(
+    rebuild: Callable[[], Any],
+    stage_name: str,
+    device: str,
+    transport_name: str,
+    prefix: str,
+    inbox: str,
+    outbox: str,
+    parent_pid: int,
+) -> None:
+    context = zmq.Context()
+    pull = context.socket(zmq.PULL)
+    pull.connect(inbox)
+    push = context.socket(zmq.PUSH)
+    push.connect(outbox)
+    try:
+        from omni_core.hooks import get_plugin_manager
+
+        plugins = get_plugin_manager()
+        transport = plugins.transport(transport_name).factory({"prefix": prefix})
+        out = Channel(push, transport)
+        executor = _start_executor(rebuild, stage_name, device, plugins, out)
+    except BaseException as exc:
+        Channel(push, None).send(
+            {"op": "error", "message": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        )
+        push.close(linger=2000)
+        context.term()
+        return
+    out.send({"op": "ready", "pid": os.getpid()})
+    try:
+        _serve(pull, out, transport, executor, parent_pid)
+    finally:
+        executor.stop()
+        pull.close(linger=0)
+        push.close(linger=1000)
+        context.term()
+
+
+def _start_executor(rebuild, stage_name, device, plugins, out: Channel):
+    def emit(message) -> None:
+        try:
+            out.send_message("emit", message)
+        except FramingError as exc:
+            out.send({"op": "fail", "rid": message.request_id, "error": f"output {message.port!r}: {exc}"})
+
+    def fail(request_id: str, error: str) -> None:
+        out.send({"op": "fail", "rid": request_id, "error": error})
+
+    stage = rebuild().stage(stage_name)
+    executor = build_executor(stage, device=device, emit=emit, fail=fail, plugin_manager=plugins)
+    executor.start()
+    return executor
+
+
+def _serve(pull, out: Channel, transport, executor, parent_pid: int) -> None:
+    next_stats = 0.0
+    while True:
+        if os.getppid() != parent_pid:
+            return  # the runtime process died: nobody will read our results
+        now = time.monotonic()
+        if now >= next_stats:
+            out.send({"op": "stats", "stats": dict(executor.stats())})
+            next_stats = now + STATS_INTERVAL_S
+        received = receive(pull, transport, timeout_ms=100)
+        if received is None:
+            continue
+        header, message = received
+        op = header.get("op")
+        if op == "msg":
+            if message is None:
+                out.send(
+                    {"op": "fail", "rid": header.get("rid"), "error": header.get("unpack_error", "bad frame")}
+                )
+            else:
+                executor.submit(message)
+        elif op == "abort":
+            executor.abort(str(header["rid"]))
+        elif op == "release":
+            release_request(executor, str(header["rid"]))
+        elif op == "stop":
+            return
