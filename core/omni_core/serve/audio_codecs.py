@@ -92,8 +92,14 @@ def decode_base64(value: str, param: str) -> bytes:
         raise InvalidInput(f"{param} is not valid base64 or a base64 data URL", param) from None
 
 
+def _int16(audio: np.ndarray) -> np.ndarray:
+    # One conversion for every format (libsndfile's own differs between wav and flac), so pcm,
+    # wav and flac carry identical samples.
+    return np.clip(np.rint(audio * 32767.0), -32768, 32767).astype("<i2")
+
+
 def _to_int16(audio: np.ndarray) -> bytes:
-    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    return _int16(audio).tobytes()
 
 
 def _wav_stream_header(rate: int) -> bytes:
@@ -144,7 +150,7 @@ class StreamEncoder:
             self._header_sent = True
             return head + _to_int16(audio)
         if audio.size:
-            self._file.write(audio)
+            self._file.write(_int16(audio) if self.fmt == "flac" else audio)
         return self._take_new()
 
     def whole(self) -> bytes:
@@ -169,7 +175,7 @@ def encode_audio(audio: np.ndarray, rate: int, fmt: str) -> bytes:
         return _to_int16(audio)
     if fmt == "wav":
         out = io.BytesIO()
-        sf.write(out, audio, rate, format="WAV", subtype="PCM_16")
+        sf.write(out, _int16(audio), rate, format="WAV", subtype="PCM_16")
         return out.getvalue()
     encoder = StreamEncoder(fmt, rate)
     encoder.feed(audio, last=True)

@@ -16,7 +16,14 @@ from omni_core.api import to_numpy
 from omni_core.pipeline import RequestFailed
 from omni_core.serve.audio_codecs import StreamEncoder, encode_audio
 from omni_core.serve.protocol import ChatRequest
-from omni_core.serve.streaming import SlotStreamingResponse, collect, events_with_first
+from omni_core.serve.streaming import (
+    RequestAborted,
+    SlotStreamingResponse,
+    all_events,
+    collect,
+    error_event,
+    events_with_first,
+)
 from omni_core.serve.text_formats import sse
 
 router = APIRouter()
@@ -42,7 +49,7 @@ async def create_chat_completion(body: ChatRequest, request: Request):
     voice = audio_options.voice if audio_options else None
     voice = voice.id if hasattr(voice, "id") else voice
     messages = [m.model_dump() for m in body.messages]
-    slot = await state.admit()
+    slot = await state.admit(ENDPOINT)
     streaming = False
     try:
         omni = state.ready_omni()
@@ -97,15 +104,9 @@ async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, 
     final: dict = {}
     first_audio_at = None
 
-    async def events():
-        if first is not None:
-            yield first
-        async for event in rest:
-            yield event
-
     yield _chunk(reply, {"role": "assistant", "content": ""})
     try:
-        async for event in events():
+        async for event in all_events(first, rest, slot.handle):
             payload = event.payload
             if event.name == "text":
                 if event.end:
@@ -122,8 +123,8 @@ async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, 
             tail = encoder.close()
             if tail:
                 yield _chunk(reply, {"audio": {"id": audio_id, "data": base64.b64encode(tail).decode()}})
-    except RequestFailed as exc:
-        yield sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": "stage_failed"}})
+    except (RequestFailed, RequestAborted) as exc:
+        yield sse({"error": error_event(exc)["error"]})
         return
     if first_audio_at is not None:
         state.metrics.first_audio.labels(ENDPOINT).observe(first_audio_at - slot.started)

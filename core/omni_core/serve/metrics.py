@@ -42,6 +42,7 @@ class _StageCollector:
     def collect(self):
         kv = GaugeMetricFamily("omni_kv_cache_usage", "Fraction of KV-cache blocks in use, per AR stage", labels=["stage"])
         queue = GaugeMetricFamily("omni_stage_queue_depth", "Messages waiting in a stage", labels=["stage"])
+        running = GaugeMetricFamily("omni_stage_requests", "Requests holding state in a stage", labels=["stage"])
         try:
             stats = self.stats() or {}
         except Exception:
@@ -49,12 +50,13 @@ class _StageCollector:
         for stage, values in (stats.get("stages") or {}).items():
             if "kv_usage" in values:
                 kv.add_metric([stage], float(values["kv_usage"]))
-            for key in ("queue_depth", "queued", "waiting"):
-                if key in values:
-                    queue.add_metric([stage], float(values[key]))
-                    break
+            if "queue_depth" in values:
+                queue.add_metric([stage], float(values["queue_depth"]))
+            if "running" in values:
+                running.add_metric([stage], float(values["running"]))
         yield kv
         yield queue
+        yield running
 
 
 class ServerMetrics:

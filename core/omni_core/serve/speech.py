@@ -12,10 +12,23 @@ from fastapi.responses import Response
 
 from omni_core.api import to_numpy
 from omni_core.pipeline import RequestFailed
-from omni_core.serve.audio_codecs import CONTENT_TYPES, StreamEncoder, check_output_format, decode_base64, encode_audio
+from omni_core.serve.audio_codecs import (
+    CONTENT_TYPES,
+    StreamEncoder,
+    check_output_format,
+    decode_base64,
+    encode_audio,
+)
 from omni_core.serve.errors import APIError
 from omni_core.serve.protocol import SpeechRequest
-from omni_core.serve.streaming import SlotStreamingResponse, collect, events_with_first
+from omni_core.serve.streaming import (
+    RequestAborted,
+    SlotStreamingResponse,
+    all_events,
+    collect,
+    error_event,
+    events_with_first,
+)
 from omni_core.serve.text_formats import sse
 
 router = APIRouter()
@@ -39,7 +52,7 @@ async def create_speech(body: SpeechRequest, request: Request):
     if body.reference_text is not None and body.reference_audio is None:
         raise APIError(400, "reference_text needs reference_audio", param="reference_text")
     reference = decode_base64(body.reference_audio, "reference_audio") if body.reference_audio else None
-    slot = await state.admit()
+    slot = await state.admit(ENDPOINT)
     streaming = False  # from here on the stream's generator releases the slot
     try:
         omni = state.ready_omni()
@@ -82,14 +95,6 @@ def _observe(state, started: float, first_audio_at: float | None, seconds: float
         metrics.audio_seconds.labels(ENDPOINT).inc(seconds)
 
 
-async def _chunks(first, rest):
-    """The request's events, starting with the one already read."""
-    if first is not None:
-        yield first
-    async for event in rest:
-        yield event
-
-
 async def _encoded(state, slot, first, rest, fmt: str, rate: int):
     """Encoded bytes as they are produced; records time to first audio and RTF at the end."""
     encoder = StreamEncoder(fmt, rate)
@@ -97,7 +102,7 @@ async def _encoded(state, slot, first, rest, fmt: str, rate: int):
     first_audio_at = None
     usage: dict = {}
     try:
-        async for event in _chunks(first, rest):
+        async for event in all_events(first, rest, slot.handle):
             if event.name != "audio":
                 continue
             usage.update(event.payload.get("usage") or {})
@@ -124,17 +129,19 @@ async def _audio_stream(state, slot, first, rest, fmt, rate):
         async for data, _ in _encoded(state, slot, first, rest, fmt, rate):
             if data:
                 yield data
-    except RequestFailed:
-        return  # headers are sent: ending the body early is all a raw stream can say
+    except (RequestFailed, RequestAborted) as exc:
+        # Headers are sent: breaking the chunked body is how a raw stream says "incomplete".
+        raise RuntimeError(f"speech stream cut short: {exc!r}") from None
 
 
 async def _sse_stream(state, slot, first, rest, fmt, rate):
     usage: dict = {}
     try:
-        async for data, usage in _encoded(state, slot, first, rest, fmt, rate):
+        async for data, latest in _encoded(state, slot, first, rest, fmt, rate):
+            usage = latest
             if data:
                 yield sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
-    except RequestFailed as exc:
-        yield sse({"type": "error", "error": {"message": str(exc), "type": "server_error", "param": None, "code": "stage_failed"}})
+    except (RequestFailed, RequestAborted) as exc:
+        yield sse(error_event(exc))
         return
     yield sse({"type": "speech.audio.done", "usage": _usage(usage)})

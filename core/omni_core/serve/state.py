@@ -31,8 +31,9 @@ class ServeConfig:
 class Slot:
     """A running slot taken from admission; released once, however the request ends."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: ServerState, endpoint: str):
         self.state = state
+        self.endpoint = endpoint
         self.started = time.perf_counter()
         self.handle: Any = None
         self._released = False
@@ -50,6 +51,7 @@ class Slot:
             self.state.in_flight.discard(self.handle)
             if not self.handle.done:  # the response ended early (client gone, error): free every stage
                 self.handle.abort()
+                self.state.metrics.aborted.labels(self.endpoint).inc()
         await self.state.admission.release(time.perf_counter() - self.started)
 
 
@@ -97,10 +99,10 @@ class ServerState:
             raise APIError(503, message, type="server_error", code="not_ready", headers={"Retry-After": "5"})
         return self.omni
 
-    async def admit(self) -> Slot:
+    async def admit(self, endpoint: str) -> Slot:
         self.ready_omni()
         await self.admission.acquire()
-        return Slot(self)
+        return Slot(self, endpoint)
 
     async def drain(self, grace_s: float) -> int:
         """Refuse new work, give admitted requests ``grace_s`` to finish, abort the rest.
@@ -109,7 +111,7 @@ class ServerState:
         deadline = time.monotonic() + grace_s
         while (self.admission.running or self.admission.queued) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        left = list(self.in_flight)
+        left = [handle for handle in self.in_flight if not handle.done]
         for handle in left:
-            handle.abort()
+            handle.abort()  # their streams end; each Slot counts its abort when it releases
         return len(left)

@@ -13,6 +13,10 @@ from omni_core.pipeline import OutputEvent, RequestFailed
 from omni_core.serve.errors import APIError
 
 
+class RequestAborted(Exception):
+    """The request was aborted while its reply streamed (the server is draining)."""
+
+
 class ClientGone(Exception):
     """The client disconnected before the reply was ready; the request was aborted."""
 
@@ -47,9 +51,12 @@ async def collect(request: Request, handle) -> list[OutputEvent]:
     if consumer in done:
         watcher.cancel()
         try:
-            return consumer.result()
+            events = consumer.result()
         except RequestFailed as exc:
             raise stage_failure(exc) from None
+        if handle.aborted:  # cut short by a drain: a partial reply must not look complete
+            raise APIError(503, "request aborted: the server is shutting down", type="server_error", code="aborted")
+        return events
     consumer.cancel()
     handle.abort()
     raise ClientGone()
@@ -68,6 +75,17 @@ async def events_with_first(handle) -> tuple[OutputEvent | None, AsyncIterator[O
     return first, iterator
 
 
+async def all_events(first: OutputEvent | None, rest: AsyncIterator[OutputEvent], handle):
+    """The request's events, starting with the one already read; raises ``RequestAborted``
+    at the end if the request was aborted rather than finished."""
+    if first is not None:
+        yield first
+    async for event in rest:
+        yield event
+    if handle.aborted:
+        raise RequestAborted()
+
+
 class SlotStreamingResponse(StreamingResponse):
     """A stream that gives its admission slot back (and aborts its request if unfinished)
     however the response ends, even when the client leaves before the first byte."""
@@ -81,3 +99,12 @@ class SlotStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self.slot.release()
+
+
+def error_event(exc: Exception) -> dict:
+    """The SSE error event of a stream that cannot finish."""
+    if isinstance(exc, RequestAborted):
+        message, code = "request aborted: the server is shutting down", "aborted"
+    else:
+        message, code = str(exc), "stage_failed"
+    return {"type": "error", "error": {"message": message, "type": "server_error", "param": None, "code": code}}

@@ -12,7 +12,14 @@ from starlette.datastructures import UploadFile
 from omni_core.pipeline import RequestFailed
 from omni_core.serve.errors import APIError
 from omni_core.serve.protocol import TRANSCRIPTION_FORMATS
-from omni_core.serve.streaming import SlotStreamingResponse, collect, events_with_first
+from omni_core.serve.streaming import (
+    RequestAborted,
+    SlotStreamingResponse,
+    all_events,
+    collect,
+    error_event,
+    events_with_first,
+)
 from omni_core.serve.text_formats import sse, to_srt, to_vtt
 
 router = APIRouter()
@@ -68,7 +75,7 @@ async def create_transcription(request: Request):
     if stream and fmt not in ("json", "text"):
         raise APIError(400, "stream=true returns text deltas: use response_format json or text", param="stream")
     temperature = _float(form, "temperature", 0.0)
-    slot = await state.admit()
+    slot = await state.admit(ENDPOINT)
     streaming = False
     try:
         omni = state.ready_omni()
@@ -123,14 +130,8 @@ def _render(final: dict, fmt: str, granularities: list[str]):
 
 
 async def _sse(state, slot, first, rest, seconds: float):
-    async def events():
-        if first is not None:
-            yield first
-        async for event in rest:
-            yield event
-
     try:
-        async for event in events():
+        async for event in all_events(first, rest, slot.handle):
             if event.name != "text":
                 continue
             if event.end:
@@ -141,5 +142,5 @@ async def _sse(state, slot, first, rest, seconds: float):
                 yield sse(done)
             elif event.payload.get("text"):
                 yield sse({"type": "transcript.text.delta", "delta": event.payload["text"]})
-    except RequestFailed as exc:
-        yield sse({"type": "error", "error": {"message": str(exc), "type": "server_error", "param": None, "code": "stage_failed"}})
+    except (RequestFailed, RequestAborted) as exc:
+        yield sse(error_event(exc))
