@@ -84,6 +84,9 @@ class ProcessStage(Executor):
                 inbox,
                 outbox,
                 os.getpid(),
+                plugins_needed(
+                    self.pipeline.plugin_manager, self.stage.engine, self.pipeline.transport_name, self.device
+                ),
             ),
             name=f"omni-stage-{self.name}",
             daemon=True,
@@ -252,6 +255,23 @@ class ProcessStage(Executor):
             waiting, self._waiting = self._waiting, []
         for message in waiting:
             self.submit(message)
+
+
+def plugins_needed(manager: Any, engine: str, transport: str, device: str) -> list[str]:
+    """Entry-point names of the plugins that provide this stage's engine, transport and platform."""
+    device_type = device.split(":", 1)[0]
+    names = []
+    for record in manager.records:
+        if record.status != "ok":
+            continue
+        provided = record.provided
+        if (
+            any(e.name == engine for e in provided.get("engines", []))
+            or any(t.name == transport for t in provided.get("transports", []))
+            or any(getattr(p, "device_type", None) == device_type for p in provided.get("platforms", []))
+        ):
+            names.append(record.name)
+    return names
 
 
 def _end_process(process: multiprocessing.Process) -> None:

@@ -31,6 +31,7 @@ def run_stage_process(
     inbox: str,
     outbox: str,
     parent_pid: int,
+    plugins: list[str] | None = None,
 ) -> None:
     context = zmq.Context()
     pull = context.socket(zmq.PULL)
@@ -38,9 +39,10 @@ def run_stage_process(
     push = context.socket(zmq.PUSH)
     push.connect(outbox)
     try:
-        from omni_core.hooks import get_plugin_manager
+        from omni_core.hooks import PluginManager
 
-        plugins = get_plugin_manager()
+        # only the plugins this stage needs: others may be slow to import
+        plugins = PluginManager(selection=None if plugins is None else set(plugins))
         transport = plugins.transport(transport_name).factory({"prefix": prefix})
         out = Channel(push, transport)
         executor = _start_executor(rebuild, stage_name, device, plugins, out)

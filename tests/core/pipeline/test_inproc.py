@@ -18,7 +18,7 @@ def audio_of(events) -> torch.Tensor:
 
 
 def test_cosyvoice_shape_streams_audio_equal_to_direct_computation():
-    with Pipeline(toy.cosyvoice_like()) as pipeline:
+    with Pipeline(toy.cosyvoice_like(), plugin_manager=toy.core_plugins()) as pipeline:
         handles = {text: pipeline.submit({"text": text}) for text in ["hello", "omni", "speech", "x"]}
         for text, handle in handles.items():
             events = handle.collect(timeout=10)["audio"]
@@ -32,7 +32,7 @@ def test_cosyvoice_shape_streams_audio_equal_to_direct_computation():
 
 def test_omni_shape_fans_out_by_content_and_joins_what_each_request_brings():
     audio, image = torch.randn(96), torch.randn(8, 8)
-    with Pipeline(toy.omni_like()) as pipeline:
+    with Pipeline(toy.omni_like(), plugin_manager=toy.core_plugins()) as pipeline:
         full = pipeline.submit(
             {"text": "hi", "audio": audio, "image": image, "modalities": ["text", "audio"]}
         )
@@ -59,11 +59,11 @@ def test_omni_shape_fans_out_by_content_and_joins_what_each_request_brings():
 
 def test_fish_and_asr_shapes_and_batching_of_concurrent_requests():
     ref_audio = torch.randn(60)
-    with Pipeline(toy.fish_like()) as pipeline:
+    with Pipeline(toy.fish_like(), plugin_manager=toy.core_plugins()) as pipeline:
         out = pipeline.submit({"text": "clone me", "reference_audio": ref_audio}).collect(timeout=10)
         assert torch.allclose(audio_of(out["audio"]), toy.reference_fish("clone me", ref_audio))
     clips = [torch.randn(800 + 160 * i) for i in range(6)]
-    with Pipeline(toy.asr_like()) as pipeline:
+    with Pipeline(toy.asr_like(), plugin_manager=toy.core_plugins()) as pipeline:
         handles = [pipeline.submit({"audio": clip}) for clip in clips]
         texts = [h.collect(timeout=10)["text"] for h in handles]
         for clip, events in zip(clips, texts, strict=False):
@@ -73,7 +73,7 @@ def test_fish_and_asr_shapes_and_batching_of_concurrent_requests():
 
 
 def test_stage_exception_fails_only_that_request_and_names_the_stage():
-    with Pipeline(toy.cosyvoice_like(fail_stage="flow")) as pipeline:
+    with Pipeline(toy.cosyvoice_like(fail_stage="flow"), plugin_manager=toy.core_plugins()) as pipeline:
         good = [pipeline.submit({"text": f"fine {i}"}) for i in range(3)]
         bad = pipeline.submit({"text": "boom"})
         with pytest.raises(RequestFailed) as failure:
@@ -92,7 +92,7 @@ def test_stage_exception_fails_only_that_request_and_names_the_stage():
 
 
 def test_abort_stops_work_in_every_stage_within_one_second():
-    with Pipeline(toy.cosyvoice_like(delay_s=0.02)) as pipeline:
+    with Pipeline(toy.cosyvoice_like(delay_s=0.02), plugin_manager=toy.core_plugins()) as pipeline:
         handle = pipeline.submit({"text": "long", "steps": 2000})  # ~10 s of chunks if left alone
         first = handle.get(timeout=10)
         assert first.name == "audio" and not first.end
@@ -116,7 +116,7 @@ def test_async_iteration_and_request_limits():
             pipeline.submit({"text": "again"}, request_id="r-1")
         return [event async for event in handle]
 
-    with Pipeline(toy.cosyvoice_like(), max_running=1) as pipeline:
+    with Pipeline(toy.cosyvoice_like(), max_running=1, plugin_manager=toy.core_plugins()) as pipeline:
         events = asyncio.run(consume(pipeline))
         assert torch.allclose(audio_of(events), toy.reference_cosyvoice("async"))
         slow = pipeline.submit({"text": "a"})

@@ -29,13 +29,14 @@ def test_omni_shape_with_encoder_and_feedback_loop_in_processes_over_shm():
     audio, image = torch.randn(96), torch.randn(8, 8)
     pipeline = Pipeline(
         toy.omni_like(),
-        placement={"audio_encoder": "process", "talker": "process", "code_predictor": "process"},
+        plugin_manager=toy.core_plugins(),
+        placement={"talker": "process", "code_predictor": "process"},
         transport="shm",
         rebuild=functools.partial(toy.build, "omni"),
     )
     with pipeline:
         pids = pipeline.stage_pids()
-        assert set(pids) == {"audio_encoder", "talker", "code_predictor"} and os.getpid() not in pids.values()
+        assert set(pids) == {"talker", "code_predictor"} and os.getpid() not in pids.values()
         handles = [
             pipeline.submit({"text": "hi", "audio": audio, "image": image, "modalities": ["text", "audio"]}),
             pipeline.submit({"text": "yo", "audio": audio, "modalities": ["text", "audio"]}),
@@ -56,6 +57,7 @@ def test_omni_shape_with_encoder_and_feedback_loop_in_processes_over_shm():
 def test_zmq_over_tcp_stage_exception_and_abort_in_a_stage_process():
     pipeline = Pipeline(
         toy.cosyvoice_like(delay_s=0.02, fail_stage="llm"),
+        plugin_manager=toy.core_plugins(),
         placement={"llm": "process"},
         transport="zmq",
         control="tcp",
@@ -83,6 +85,7 @@ def test_zmq_over_tcp_stage_exception_and_abort_in_a_stage_process():
 def test_killed_stage_process_fails_its_requests_and_is_restarted():
     pipeline = Pipeline(
         toy.fish_like(),
+        plugin_manager=toy.core_plugins(),
         placement={"dual_ar": "process"},
         rebuild=functools.partial(toy.build, "fish"),
     )
@@ -109,6 +112,7 @@ def test_killed_stage_process_fails_its_requests_and_is_restarted():
 def test_a_stage_that_cannot_start_in_its_process_is_a_clear_error():
     pipeline = Pipeline(
         toy.asr_like(),
+        plugin_manager=toy.core_plugins(),
         placement={"decoder": "process"},
         rebuild=functools.partial(toy.build, "asr", broken_stage="decoder"),
     )

@@ -62,14 +62,20 @@ def test_the_four_shapes_validate_and_feedback_edges_may_close_a_cycle():
 
 def test_placement_errors_are_clear():
     with pytest.raises(TopologyError, match="placement names unknown stage 'vocoder'"):
-        Pipeline(toy.cosyvoice_like(), placement={"vocoder": "process"}, rebuild=toy.cosyvoice_like)
+        Pipeline(
+            toy.cosyvoice_like(),
+            placement={"vocoder": "process"},
+            rebuild=toy.cosyvoice_like,
+            plugin_manager=toy.core_plugins(),
+        )
     with pytest.raises(ValueError, match="need rebuild="):
-        Pipeline(toy.cosyvoice_like(), stage_mode="process")
+        Pipeline(toy.cosyvoice_like(), stage_mode="process", plugin_manager=toy.core_plugins())
     with pytest.raises(ValueError, match="'inproc' cannot cross processes"):
         Pipeline(
             toy.cosyvoice_like(),
             placement={"flow": "process"},
             transport="inproc",
+            plugin_manager=toy.core_plugins(),
             rebuild=toy.cosyvoice_like,
         )
     with pytest.raises(ValueError, match="stage_mode must be one of"):

@@ -12,10 +12,17 @@ import os
 import time
 
 import torch
+from omni_core.hooks import PluginManager
 from omni_core.pipeline import JOINED_PORT, Edge, StageSpec, Topology
 
 DIM = 16
 VOCAB = 32
+
+
+@functools.cache
+def core_plugins() -> PluginManager:
+    """omni-core's built-ins only: these tests need no family plugin."""
+    return PluginManager(selection=set())
 
 
 def weights(seed: int, *shape: int) -> torch.Tensor:

@@ -1,0 +1,155 @@
+"""Transports through the plugin manager: framing round trips, zero-copy shm receive, segment
+cleanup on release and close, refusal of what cannot travel, nccl's clear error without GPUs."""
+
+from __future__ import annotations
+
+import glob
+import uuid
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+import zmq
+from omni_core.comm.base import TransportUnavailable
+from omni_core.comm.framing import FramingError
+from omni_core.hooks import PluginManager
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return PluginManager(selection=set())
+
+
+def make(plugins, name):
+    prefix = f"omni-test-{uuid.uuid4().hex[:8]}"
+    return plugins.transport(name).factory({"prefix": prefix}), prefix
+
+
+def sample_payload():
+    return {
+        "text": "héllo",
+        "n": 3,
+        "ok": True,
+        "none": None,
+        "raw": b"\x00\x01",
+        "floats": torch.randn(3, 5),
+        "half": torch.randn(4).to(torch.bfloat16),
+        "mask": torch.tensor([True, False]),
+        "ids": torch.arange(6).reshape(2, 3).T,  # not contiguous
+        "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(2.5),
+        "array": np.arange(4, dtype=np.int16),
+        "nested": {"list": [1, torch.ones(2)], "tuple": (1, 2)},
+    }
+
+
+def check_equal(got, want):
+    for key in want:
+        if isinstance(want[key], torch.Tensor):
+            assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
+        elif isinstance(want[key], np.ndarray):
+            assert isinstance(got[key], np.ndarray) and np.array_equal(got[key], want[key])
+    assert got["text"] == "héllo" and got["raw"] == b"\x00\x01" and got["none"] is None and got["ok"] is True
+    assert torch.equal(got["nested"]["list"][1], torch.ones(2)) and got["nested"]["tuple"] == [1, 2]
+
+
+@pytest.mark.parametrize("name", ["shm", "zmq"])
+def test_payload_round_trips_between_two_real_zmq_sockets(plugins, name):
+    sender, prefix = make(plugins, name)
+    receiver = plugins.transport(name).factory({"prefix": prefix})
+    context = zmq.Context()
+    push, pull = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        want = sample_payload()
+        push.send_multipart(sender.pack("req-1", want), copy=False)
+        got = receiver.unpack(pull.recv_multipart(copy=False))
+        check_equal(got, want)
+        assert glob.glob(f"/dev/shm/{prefix}*") == []  # the receiver unlinked the segment on receipt
+    finally:
+        push.close(0)
+        pull.close(0)
+        context.term()
+        sender.close()
+
+
+def test_shm_receive_is_zero_copy_and_unconsumed_segments_are_freed(plugins):
+    shm, prefix = make(plugins, "shm")
+    big = torch.randn(256, 1024)
+    frames = shm.pack("req-a", {"x": big, "y": torch.ones(3)})
+    assert len(glob.glob(f"/dev/shm/{prefix}*")) == 1  # one segment per message
+    got = shm.unpack(frames)
+    assert glob.glob(f"/dev/shm/{prefix}*") == []
+    assert torch.equal(got["x"], big)
+    # both tensors read one mapping: their storages are views into the same region
+    gap = got["y"].untyped_storage().data_ptr() - got["x"].untyped_storage().data_ptr()
+    assert 0 < gap < big.numel() * 4 + 128
+
+    shm.pack("req-b", {"x": torch.ones(10)})
+    shm.pack("req-b", {"x": torch.ones(10)})
+    kept = shm.pack("req-c", {"x": torch.ones(10)})
+    assert len(glob.glob(f"/dev/shm/{prefix}*")) == 3
+    shm.release("req-b")  # aborted request: its two segments go, req-c's stays
+    assert len(glob.glob(f"/dev/shm/{prefix}*")) == 1
+    with pytest.raises(FramingError, match="is gone"):
+        shm.unpack(_released(shm))  # sent, then its request was released before receipt
+    shm.close()
+    assert glob.glob(f"/dev/shm/{prefix}*") == []
+    with pytest.raises(FramingError, match="is gone"):
+        shm.unpack(kept)
+
+
+def _released(shm):
+    frames = shm.pack("req-e", {"x": torch.ones(1)})
+    shm.release("req-e")
+    return frames
+
+
+def test_what_cannot_travel_is_refused_and_nothing_received_is_unpickled(plugins):
+    transport, _ = make(plugins, "zmq")
+    with pytest.raises(FramingError, match="type object cannot cross a process boundary"):
+        transport.pack("r", {"thing": object()})
+    header = msgpack.unpackb(bytes(transport.pack("r", {"x": torch.ones(4)})[0]))
+    header["tensors"][0]["shape"] = [1000]  # a sender lying about the size
+    with pytest.raises(FramingError, match="does not fit"):
+        transport.unpack([msgpack.packb(header), torch.ones(4).numpy().tobytes()])
+    header["tensors"][0].update(shape=[4], dtype="object")
+    with pytest.raises(FramingError, match="unknown tensor dtype 'object'"):
+        transport.unpack([msgpack.packb(header), torch.ones(4).numpy().tobytes()])
+    shm, prefix = make(plugins, "shm")
+    forged = msgpack.packb(
+        {"body": msgpack.packb({}), "tensors": [], "offsets": [], "segment": "../etc", "size": 1}
+    )
+    with pytest.raises(FramingError, match="not one of this pipeline's"):
+        shm.unpack([forged])
+
+
+def test_inproc_passes_the_same_objects(plugins):
+    transport, _ = make(plugins, "inproc")
+    payload = {"x": torch.ones(3)}
+    assert transport.unpack(transport.pack("r", payload)) is payload
+    assert plugins.transports()["inproc"].cross_process is False
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error shown where no GPU is visible")
+def test_nccl_is_selectable_and_says_clearly_why_it_cannot_run_here(plugins):
+    spec = plugins.transport("nccl")
+    assert spec.cross_host and spec.cross_process
+    with pytest.raises(TransportUnavailable, match="transport 'nccl' needs CUDA GPUs with NCCL: .*use 'shm'"):
+        spec.factory({"prefix": "omni-test"})
+    from omni_core.pipeline import Pipeline
+
+    from tests.core.pipeline import toy_topologies as toy
+
+    pipeline = Pipeline(
+        toy.cosyvoice_like(),
+        placement={"flow": "process"},
+        transport="nccl",
+        plugin_manager=plugins,
+        rebuild=toy.cosyvoice_like,
+    )
+    with pytest.raises(TransportUnavailable, match="needs CUDA GPUs"):
+        pipeline.start()  # refused before any stage process is spawned
+    assert pipeline.stage_pids() == {}
