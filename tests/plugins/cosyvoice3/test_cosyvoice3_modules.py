@@ -1,0 +1,144 @@
+"""The model modules at tiny size: shapes, batching invariance, and streamed == one-shot output
+where the model is causal (flow under its chunk mask, HiFT's stable prefix)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_cosyvoice3.checkpoint import load_flow, load_hift
+from omni_cosyvoice3.chunking import FlowStream
+from omni_cosyvoice3.config import load_config
+from omni_cosyvoice3.flow import FlowRequest
+from omni_cosyvoice3.ras import RasParams, ras_sample
+
+
+@pytest.fixture(scope="module")
+def flow(tiny_dir):
+    return load_flow(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def hift(tiny_dir):
+    return load_hift(tiny_dir)
+
+
+def _request(tokens, prompt_len, finalize, streaming=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return FlowRequest(
+        tokens=tokens,
+        prompt_token_len=prompt_len,
+        prompt_mel=torch.randn(2 * prompt_len, 80, generator=gen),
+        embedding=torch.randn(192, generator=gen),
+        finalize=finalize,
+        streaming=streaming,
+    )
+
+
+def test_config_reads_the_tiny_and_official_sizes(tiny_dir, tmp_path):
+    cfg = load_config(tiny_dir)
+    assert (cfg.flow.dim, cfg.flow.depth, cfg.hift.base_channels) == (64, 2, 32)
+    assert cfg.flow.static_chunk_size == 50 and cfg.hift.samples_per_frame == 480
+    official = (load_config.__globals__["Path"](tiny_dir) / "cosyvoice3.yaml").read_text()
+    official = official.replace("dim: 64", "dim: 1024").replace("depth: 2", "depth: 22").replace("heads: 2", "heads: 16")
+    (tmp_path / "cosyvoice3.yaml").write_text(official)
+    full = load_config(tmp_path)
+    assert (full.flow.dim, full.flow.depth, full.flow.heads, full.llm.top_k, full.llm.win_size) == (1024, 22, 16, 25, 10)
+
+
+def test_flow_streamed_chunks_equal_one_shot(flow):
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 6561, (13,), generator=gen).tolist()
+    generated = torch.randint(0, 6561, (140,), generator=gen).tolist()
+    base = _request(torch.tensor(prompt + generated), len(prompt), finalize=True)
+    one_shot = flow.infer([base])[0]
+    assert one_shot.shape == (80, 2 * len(generated))
+
+    stream = FlowStream(prompt, base.prompt_mel, base.embedding, streaming=True)
+    pieces, ends = [], []
+    for token in generated:  # tokens arrive one at a time, as from the llm
+        stream.tokens.append(token)
+        due = stream.next_end()
+        if due is None:
+            continue
+        end, final = due
+        mel = flow.infer([FlowRequest(stream.flow_tokens(end, final), len(prompt), base.prompt_mel, base.embedding, final, True)])[0]
+        pieces.append(mel[:, stream.offset * 2 : end * 2])
+        ends.append(end)
+        stream.advance(end, final)
+    stream.finished = True
+    end, final = stream.next_end()
+    mel = flow.infer([FlowRequest(stream.flow_tokens(end, final), len(prompt), base.prompt_mel, base.embedding, True, True)])[0]
+    pieces.append(mel[:, stream.offset * 2 :])
+    # first hop padded so prompt + hop is a multiple of 25, then the hop doubles up to 100
+    assert ends == [37, 87]
+    streamed = torch.cat(pieces, dim=1)
+    assert streamed.shape == one_shot.shape
+    torch.testing.assert_close(streamed, one_shot, atol=2e-4, rtol=1e-4)
+
+
+def test_flow_batch_equals_single_requests(flow):
+    gen = torch.Generator().manual_seed(2)
+    a = _request(torch.randint(0, 6561, (60,), generator=gen), 10, finalize=True, seed=3)
+    b = _request(torch.randint(0, 6561, (31,), generator=gen), 0, finalize=False, seed=4)
+    c = _request(torch.randint(0, 6561, (45,), generator=gen), 5, finalize=True, streaming=False, seed=5)
+    batched = flow.infer([a, b, c])
+    for request, mel in zip([a, b, c], batched):
+        torch.testing.assert_close(mel, flow.infer([request])[0], atol=2e-4, rtol=1e-4)
+    assert [m.shape[1] for m in batched] == [100, 56, 80]
+
+
+def test_full_attention_differs_from_chunk_mask(flow):
+    request = _request(torch.randint(0, 6561, (80,)), 0, finalize=True)
+    full = _request(request.tokens, 0, finalize=True, streaming=False)
+    chunked, unmasked = flow.infer([request])[0], flow.infer([full])[0]
+    # the first 50-frame chunk sees nothing to its right in either mode only under the mask
+    assert not torch.allclose(chunked[:, :50], unmasked[:, :50])
+
+
+def test_hift_stable_prefix_and_batching(hift):
+    gen = torch.Generator().manual_seed(0)
+    mel = torch.randn(2, 80, 60, generator=gen) * 0.5 - 4
+    full = hift(mel)
+    assert full.shape == (2, 60 * 480) and full.abs().max() <= 0.99
+    cut = hift.stable_samples(35, finalize=False)
+    assert cut == (35 - 8) * 480
+    torch.testing.assert_close(hift(mel[:, :, :35])[:, :cut], full[:, :cut], atol=1e-5, rtol=1e-4)
+    single = hift(mel[1:, :, :40])
+    torch.testing.assert_close(single[0], hift(torch.cat([mel[1:, :, :40], mel[:1, :, :40]]))[0], atol=1e-5, rtol=1e-4)
+
+
+def _ras(top_k=25, top_p=0.8, temperature=1.0, rows=1):
+    return RasParams(
+        top_p=torch.full((rows,), top_p), top_k=torch.full((rows,), top_k, dtype=torch.int64),
+        temperature=torch.full((rows,), temperature), win_size=10, tau_r=0.1,
+    )
+
+
+def test_ras_repetition_redraws_and_min_length_blocks_stop():
+    logits = torch.full((2, 6761), -30.0)
+    logits[:, 5] = 10.0  # one dominant token
+    logits[:, 6562] = 9.0  # eos, the runner-up
+    history = torch.tensor([[-1] * 10, [5] + [-1] * 9])
+    u = torch.tensor([[0.3, 0.3], [0.3, 0.3]])
+    out = ras_sample(logits, history, _ras(rows=2), u, torch.tensor([False, False]), 6561)
+    assert out[0] == 5  # nucleus pick
+    assert out[1] == 6562  # 5 was just used: banned, redrawn from the rest
+    blocked = ras_sample(logits, history, _ras(rows=2), u, torch.tensor([False, True]), 6561)
+    assert blocked[1] < 6561  # under the minimum length no stop token can win
+
+
+def test_ras_is_a_function_of_its_uniforms():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 6761, generator=gen)
+    history = torch.full((4, 10), -1)
+    u = torch.rand(4, 2, generator=gen)
+    params = _ras(rows=4)
+    first = ras_sample(logits, history, params, u, torch.zeros(4, dtype=torch.bool), 6561)
+    again = ras_sample(logits, history, params, u, torch.zeros(4, dtype=torch.bool), 6561)
+    assert torch.equal(first, again)
+    greedy = ras_sample(logits, history, _ras(top_k=1, rows=4), u, torch.zeros(4, dtype=torch.bool), 6561)
+    assert torch.equal(greedy, logits.argmax(dim=-1))
+    draws = {int(ras_sample(logits[:1], history[:1], _ras(), torch.tensor([[x, 0.5]]), torch.tensor([False]), 6561))
+             for x in (0.05, 0.35, 0.65, 0.95)}
+    assert len(draws) > 1  # different uniforms reach different tokens of the nucleus
