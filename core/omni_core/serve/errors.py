@@ -60,6 +60,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"the body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}", None
     loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "form")]
     param = ".".join(loc) or None
     message = first.get("msg", "invalid value")

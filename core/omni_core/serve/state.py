@@ -51,6 +51,7 @@ class Slot:
             self.state.in_flight.discard(self.handle)
             if not self.handle.done:  # the response ended early (client gone, error): free every stage
                 self.handle.abort()
+            if self.handle.aborted:
                 self.state.metrics.aborted.labels(self.endpoint).inc()
         await self.state.admission.release(time.perf_counter() - self.started)
 

@@ -13,33 +13,16 @@ import pytest
 import soundfile as sf
 from openai import OpenAI
 
-from tests.core.serve.server import API_KEY, ServerProcess, metric, tone_wav
+from tests.core.serve.server import API_KEY, metric, tone_wav
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 TEXT = "The quick brown fox jumps over the lazy dog."
 RATE = 16000
 
 
-@pytest.fixture(scope="module")
-def server(testfamily_site, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("http-api")
-    proc = ServerProcess(
-        testfamily_site, workdir,
-        "--api-key", API_KEY, "--max-running", "4", "--max-queued", "8", "--max-input-chars", "2000",
-        "--max-upload-mb", "1", "--max-audio-seconds", "20", "--voices-dir", str(workdir / "voices"),
-        step_ms=15,
-    )
-    try:
-        yield proc.wait_ready()
-    finally:
-        assert proc.stop() == 0, proc.log()
-
-
-@pytest.fixture(autouse=True)
-def stays_healthy(server):
-    yield
-    assert server.process.poll() is None, server.log()
-    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+@pytest.fixture
+def server(api_server):
+    return api_server
 
 
 @pytest.fixture

@@ -1,0 +1,138 @@
+"""Bad requests, overload and disconnects against the shared real server: every error in
+OpenAI's shape with the right status, nothing left running afterwards, /metrics in agreement."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import time
+
+import httpx
+import pytest
+
+from tests.core.serve.server import API_KEY, metric, tone_wav
+
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+SPEECH = "/v1/audio/speech"
+TRANSCRIPTIONS = "/v1/audio/transcriptions"
+CHAT = "/v1/chat/completions"
+
+
+def speech(**fields):
+    return {"json": {"model": "testfamily", "input": "hello", "voice": "alloy", **fields}}
+
+
+def upload(data: bytes, **fields):
+    return {"data": {"model": "testfamily", **fields}, "files": {"file": ("a.wav", data, "audio/wav")}}
+
+
+def chat_part(part):
+    return {"json": {"model": "testfamily", "messages": [{"role": "user", "content": [part]}]}}
+
+
+BAD_REQUESTS = [
+    ("unknown voice", SPEECH, speech(voice="nobody"), 400, "voice"),
+    ("aac has no encoder", SPEECH, speech(response_format="aac"), 400, "response_format"),
+    ("unknown format", SPEECH, speech(response_format="ogg"), 400, "response_format"),
+    ("empty input", SPEECH, speech(input="   "), 400, "input"),
+    ("speed out of range", SPEECH, speech(speed=9), 400, "speed"),
+    ("input too long", SPEECH, speech(input="a" * 2001), 413, "input"),
+    ("unknown model", SPEECH, speech(model="gpt-4o-mini-tts"), 404, "model"),
+    ("reference is not audio", SPEECH, speech(voice=None, reference_audio=base64.b64encode(b"nope" * 50).decode()), 400, "file"),
+    ("reference is not base64", SPEECH, speech(reference_audio="%%%"), 400, "reference_audio"),
+    ("not json", SPEECH, {"content": b"{nope", "headers": {"content-type": "application/json"}}, 400, None),
+    ("undecodable upload", TRANSCRIPTIONS, upload(b"RIFF not really a wav file" * 10), 400, "file"),
+    ("upload too large", TRANSCRIPTIONS, upload(b"\0" * (1024 * 1024 + 200_000)), 413, "file"),
+    ("audio too long", TRANSCRIPTIONS, upload(tone_wav(25.0, rate=8000)), 413, "file"),
+    ("no file", TRANSCRIPTIONS, {"data": {"model": "testfamily"}}, 400, "file"),
+    ("bad response_format", TRANSCRIPTIONS, upload(tone_wav(1.0), response_format="docx"), 400, "response_format"),
+    ("bad temperature", TRANSCRIPTIONS, upload(tone_wav(1.0), temperature="hot"), 400, "temperature"),
+    ("chat audio not base64", CHAT, chat_part({"type": "input_audio", "input_audio": {"data": "@@", "format": "wav"}}), 400,
+     "messages[0].content[0].input_audio.data"),
+    ("chat remote image", CHAT, chat_part({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}), 400,
+     "messages[0].content[0].image_url.url"),
+    ("chat unknown part", CHAT, chat_part({"type": "video", "video": "x"}), 400, "messages[0].content[0].type"),
+    ("chat no messages", CHAT, {"json": {"model": "testfamily", "messages": []}}, 400, "messages"),
+]
+
+
+@pytest.mark.parametrize(("path", "kwargs", "status", "param"), [case[1:] for case in BAD_REQUESTS],
+                         ids=[case[0] for case in BAD_REQUESTS])
+def test_bad_request_gets_openai_error(api_server, path, kwargs, status, param):
+    before = metric(api_server.url, "omni_requests_total", endpoint=path, status=str(status))
+    r = httpx.post(f"{api_server.url}{path}", headers={**HEADERS, **kwargs.pop("headers", {})}, timeout=30, **kwargs)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+    assert metric(api_server.url, "omni_requests_total", endpoint=path, status=str(status)) == before + 1
+    assert metric(api_server.url, "omni_running_requests") == 0
+
+
+def test_api_key(api_server):
+    body = speech()["json"]
+    missing = httpx.post(f"{api_server.url}{SPEECH}", json=body, timeout=10)
+    wrong = httpx.post(f"{api_server.url}{SPEECH}", json=body, headers={"Authorization": "Bearer nope"}, timeout=10)
+    for r in (missing, wrong):
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{api_server.url}/v1/models", timeout=10).status_code == 401
+    assert httpx.get(f"{api_server.url}/health", timeout=10).status_code == 200  # probes stay open
+
+
+def _stream_speech(client: httpx.Client, url: str, text: str) -> tuple[int, int, str | None]:
+    """(status, bytes received, Retry-After) of one streamed speech request."""
+    body = {"model": "testfamily", "input": text, "voice": "echo", "response_format": "pcm", "stream_format": "audio"}
+    with client.stream("POST", f"{url}{SPEECH}", json=body, headers=HEADERS) as r:
+        received = sum(len(chunk) for chunk in r.iter_bytes())
+        return r.status_code, received, r.headers.get("retry-after")
+
+
+def test_32_simultaneous_streams_complete_or_429(api_server):
+    url = api_server.url
+    text = "Thirty two voices at once, each one streamed. " * 2
+    expected_bytes = len(text.encode()) * 400 * 2
+    before = {s: metric(url, "omni_requests_total", endpoint=SPEECH, status=s) for s in ("200", "429")}
+    limits = httpx.Limits(max_connections=32, max_keepalive_connections=0)
+    with httpx.Client(timeout=httpx.Timeout(60.0), limits=limits) as client:
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            futures = [pool.submit(_stream_speech, client, url, text) for _ in range(32)]
+            results = [f.result(timeout=120) for f in futures]  # none may hang
+    ok = [r for r in results if r[0] == 200]
+    busy = [r for r in results if r[0] == 429]
+    assert len(ok) + len(busy) == 32
+    assert all(received == expected_bytes for _, received, _ in ok)  # every admitted stream completes
+    assert all(retry is not None and int(retry) >= 1 for _, _, retry in busy)
+    assert len(ok) >= 4 and busy  # 4 run + 8 queue: the rest must be turned away
+    assert metric(url, "omni_requests_total", endpoint=SPEECH, status="200") - before["200"] == len(ok)
+    assert metric(url, "omni_requests_total", endpoint=SPEECH, status="429") - before["429"] == len(busy)
+    assert metric(url, "omni_running_requests") == 0 and metric(url, "omni_queue_depth") == 0
+
+
+def _wait_idle(url: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy = metric(url, "omni_running_requests") + sum(
+            metric(url, "omni_stage_requests", stage=s) for s in ("frontend", "tts", "listener")
+        )
+        if busy == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("requests still held by the server or a stage after the client left")
+
+
+def test_client_disconnect_aborts_in_every_stage(api_server):
+    url = api_server.url
+    long_text = "A long sentence that takes a while to speak. " * 40  # ~150 tts steps of 15 ms
+    aborted = metric(url, "omni_requests_aborted_total", endpoint=SPEECH)
+    body = {"model": "testfamily", "input": long_text, "voice": "alloy", "response_format": "pcm", "stream_format": "audio"}
+    with httpx.stream("POST", f"{url}{SPEECH}", json=body, headers=HEADERS, timeout=30) as r:
+        assert r.status_code == 200
+        next(r.iter_bytes())  # audio is flowing; now leave
+    _wait_idle(url)
+    assert metric(url, "omni_requests_aborted_total", endpoint=SPEECH) == aborted + 1
+    # a non-streaming request whose client gives up is aborted the same way
+    body.pop("stream_format")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}{SPEECH}", json=body, headers=HEADERS, timeout=httpx.Timeout(30.0, read=0.3))
+    _wait_idle(url)
+    assert metric(url, "omni_requests_aborted_total", endpoint=SPEECH) == aborted + 2
