@@ -197,8 +197,7 @@ class Pipeline:
             if len(self._requests) >= self.max_running:
                 raise PipelineFull(f"{len(self._requests)} requests running (max_running={self.max_running})")
             self._requests[request_id] = _Request(handle, plan)
-        entry = Message(request_id, self.routes.entry_port, inputs, True, 0)
-        self.executors[self.routes.entry_stage].submit(entry)
+        self._deliver(self.routes.entry_stage, Message(request_id, self.routes.entry_port, inputs, True, 0))
         return handle
 
     def abort(self, request_id: str) -> None:
@@ -247,7 +246,15 @@ class Pipeline:
             self._drop(message.request_id, request.plan, abort=False)
             return
         for dst, msg in deliveries:
-            self.executors[dst].submit(msg)
+            self._deliver(dst, msg)
+
+    def _deliver(self, stage: str, message: Message) -> None:
+        executor = self.executors[stage]
+        executor.submit(message)  # may wait while the stage's queue is full (backpressure)
+        with self._lock:
+            gone = message.request_id not in self._requests
+        if gone:  # aborted or failed while we waited: do not leave state behind in that stage
+            executor.abort(message.request_id)
 
     def _fail(self, stage: str, request_id: str, error: str) -> None:
         with self._lock:
