@@ -27,7 +27,6 @@ import uuid
 
 import torch
 import zmq
-
 from omni_core.hooks import PluginManager
 
 SIZES = {"1KB": 1 << 10, "1MB": 1 << 20, "64MB": 64 << 20}
@@ -166,7 +165,10 @@ def main(argv: list[str] | None = None) -> None:
             for name in names:  # side by side: every transport at this size before the next size
                 result = measure(pairs[name], nbytes, iterations, window)
                 rows.append((size, name, result))
-                print(f"{size:>5} {name:>6}: {result['latency_ms']:9.3f} ms  {result['gbps']:8.3f} GB/s", flush=True)
+                print(
+                    f"{size:>5} {name:>6}: {result['latency_ms']:9.3f} ms  {result['gbps']:8.3f} GB/s",
+                    flush=True,
+                )
     finally:
         for pair in pairs.values():
             pair.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -110,6 +111,8 @@ class Pipeline:
         try:
             if needs_transport:
                 self._transport = self._make_transport()
+                # also at interpreter exit, should shutdown() never be called
+                weakref.finalize(self, self._transport.close)
             for stage in self.topology.stages:
                 device = stage.device or self.device
                 emit, fail = self._callbacks(stage.name)

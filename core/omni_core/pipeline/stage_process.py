@@ -83,7 +83,8 @@ def _serve(pull, out: Channel, transport, executor, parent_pid: int) -> None:
     next_stats = 0.0
     while True:
         if os.getppid() != parent_pid:
-            return  # the runtime process died: nobody will read our results
+            transport.close()  # the runtime process died: free what nobody will read
+            return
         now = time.monotonic()
         if now >= next_stats:
             out.send({"op": "stats", "stats": dict(executor.stats())})
