@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import WhisperConfig
 
-from omni_whisper.ct2 import read_ct2_model
+from omni_whisper.ct2 import CT2FormatError, read_ct2_model
 
 BUNDLED_ID = "bundled:tiny.en"
 
@@ -158,7 +158,10 @@ def _count_layers(names, side: str) -> int:
 
 
 def _load_ct2(path: Path) -> WhisperCheckpoint:
-    ct2 = read_ct2_model(path / "model.bin")
+    try:
+        ct2 = read_ct2_model(path / "model.bin")
+    except CT2FormatError as exc:
+        raise CheckpointError(str(exc)) from None
     if ct2.spec and ct2.spec != "WhisperSpec":
         raise CheckpointError(f"{path}/model.bin is a {ct2.spec}, not a WhisperSpec")
     names = list(ct2.variables)

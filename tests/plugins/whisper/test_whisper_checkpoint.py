@@ -1,0 +1,81 @@
+"""The CTranslate2 reader, the conversion to Hugging Face names, the tiny preset and log-mel features."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+from omni_whisper.checkpoint import CheckpointError, bundled_model_dir, load_checkpoint
+from omni_whisper.ct2 import CT2FormatError, read_ct2_model
+from omni_whisper.features import FRAMES_PER_WINDOW, log_mel, split_windows
+
+
+def test_ct2_reader_reads_the_bundled_model():
+    model = read_ct2_model(bundled_model_dir() / "model.bin")
+    assert model.spec == "WhisperSpec"
+    assert model["decoder/embeddings/weight"].shape == (51864, 384)
+    assert model["decoder/embeddings/weight"].dtype == np.float16
+    assert model["encoder/layer_3/self_attention/linear_0/weight"].shape == (3 * 384, 384)
+    assert model.scalar("decoder/num_heads") == 6
+    # the output projection is an alias of the token embedding
+    assert model["decoder/projection/weight"] is model["decoder/embeddings/weight"]
+    # the fused self-attention bias holds zeros where Whisper's key projection has none
+    bias = model["encoder/layer_0/self_attention/linear_0/bias"]
+    assert not bias[384:768].any() and bias[:384].any()
+
+
+def test_ct2_reader_rejects_damaged_files(tmp_path):
+    data = (bundled_model_dir() / "model.bin").read_bytes()
+    truncated = tmp_path / "model.bin"
+    truncated.write_bytes(data[:100_000])
+    with pytest.raises(CT2FormatError, match="past the end|truncated"):
+        read_ct2_model(truncated)
+    wrong_version = tmp_path / "v99.bin"
+    wrong_version.write_bytes((99).to_bytes(4, "little") + data[4:64])
+    with pytest.raises(CT2FormatError, match="version 99"):
+        read_ct2_model(wrong_version)
+    with pytest.raises(CheckpointError):
+        load_checkpoint(tmp_path)  # model.bin is not a Whisper model and nothing else is there
+
+
+def test_converted_weights_fill_transformers_whisper_exactly(bundled_checkpoint):
+    config = bundled_checkpoint.config
+    assert (config.d_model, config.encoder_layers, config.decoder_layers, config.vocab_size) == (384, 4, 4, 51864)
+    reference = WhisperForConditionalGeneration(config)
+    missing, unexpected = reference.load_state_dict(bundled_checkpoint.state_dict, strict=False)
+    assert unexpected == []
+    assert missing == ["proj_out.weight"]  # tied to the embedding, as in the original
+    assert bundled_checkpoint.suppress_ids and bundled_checkpoint.begin_suppress_ids == [220, 50256]
+
+
+def test_tiny_preset_is_a_hugging_face_checkpoint(tmp_path):
+    from omni_whisper.presets import write_tiny
+
+    path = write_tiny(str(tmp_path / "tiny"))
+    assert write_tiny(path) == path  # idempotent
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.config.d_model == 64 and checkpoint.config.vocab_size == 51864
+    reference = WhisperForConditionalGeneration.from_pretrained(path)
+    ours = checkpoint.state_dict["model.decoder.layers.1.fc1.weight"]
+    assert torch.equal(reference.model.decoder.layers[1].fc1.weight, ours)
+
+
+def test_log_mel_matches_whisper_feature_extractor(spoken_16k):
+    extractor = WhisperFeatureExtractor()
+    rng = np.random.default_rng(0)
+    for audio in (spoken_16k[0], (0.1 * rng.standard_normal(16000 * 5)).astype(np.float32)):
+        expected = extractor(audio, sampling_rate=16000, return_tensors="np").input_features
+        windows, durations = split_windows(torch.from_numpy(audio))
+        ours = log_mel(windows).numpy()
+        assert ours.shape == (1, 80, FRAMES_PER_WINDOW)
+        np.testing.assert_allclose(ours, expected, atol=1e-4)
+        assert durations == [pytest.approx(len(audio) / 16000)]
+
+
+def test_long_audio_splits_into_30_second_windows():
+    windows, durations = split_windows(torch.ones(16000 * 65))
+    assert windows.shape == (3, 16000 * 30)
+    assert durations == [30.0, 30.0, 5.0]
+    assert float(windows[2, 16000 * 5 :].abs().sum()) == 0.0  # the last window is zero-padded
