@@ -123,6 +123,7 @@ class StreamEncoder:
         if fmt == "opus" and rate not in _OPUS_RATES:
             self.rate = 48000
         self._resampler = soxr.ResampleStream(rate, self.rate, 1, dtype="float32") if self.rate != rate else None
+        self._resampler_flushed = False
         self._header_sent = False
         self._buffer: io.BytesIO | None = None
         self._file: sf.SoundFile | None = None
@@ -141,8 +142,9 @@ class StreamEncoder:
 
     def feed(self, audio: np.ndarray, last: bool = False) -> bytes:
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-        if self._resampler is not None:
+        if self._resampler is not None and not self._resampler_flushed:
             audio = self._resampler.resample_chunk(audio, last=last)
+            self._resampler_flushed = last
         if self.fmt == "pcm":
             return _to_int16(audio)
         if self.fmt == "wav":
@@ -158,7 +160,9 @@ class StreamEncoder:
         return self._buffer.getvalue()
 
     def close(self) -> bytes:
-        tail = self.feed(np.zeros(0, np.float32), last=True) if self._resampler is not None else b""
+        tail = b""
+        if self._resampler is not None and not self._resampler_flushed:
+            tail = self.feed(np.zeros(0, np.float32), last=True)
         if self.fmt == "wav" and not self._header_sent:
             tail += self.feed(np.zeros(0, np.float32))
         if self._file is not None and not self._file.closed:

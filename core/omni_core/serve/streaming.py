@@ -22,6 +22,9 @@ class ClientGone(Exception):
 
 
 def stage_failure(exc: RequestFailed) -> APIError:
+    # a stage that rejects the request's content raises an exception named InvalidInput: a 400
+    if exc.message.startswith("InvalidInput:"):
+        return APIError(400, str(exc), type="invalid_request_error", code="invalid_input")
     return APIError(500, str(exc), type="server_error", code="stage_failed")
 
 
