@@ -58,7 +58,9 @@ async def collect(request: Request, handle) -> list[OutputEvent]:
         except RequestFailed as exc:
             raise stage_failure(exc) from None
         if handle.aborted:  # cut short by a drain: a partial reply must not look complete
-            raise APIError(503, "request aborted: the server is shutting down", type="server_error", code="aborted")
+            raise APIError(
+                503, "request aborted: the server is shutting down", type="server_error", code="aborted"
+            )
         return events
     consumer.cancel()
     handle.abort()
@@ -110,4 +112,7 @@ def error_event(exc: Exception) -> dict:
         message, code = "request aborted: the server is shutting down", "aborted"
     else:
         message, code = str(exc), "stage_failed"
-    return {"type": "error", "error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    return {
+        "type": "error",
+        "error": {"message": message, "type": "server_error", "param": None, "code": code},
+    }
