@@ -28,7 +28,7 @@ MAX_TEXT_CHARS = 4000
 SPEED_RANGE = (0.25, 4.0)
 
 
-class InvalidRequest(ValueError):
+class InvalidInput(ValueError):
     """Bad input: the message says which field and why."""
 
 
@@ -73,17 +73,17 @@ class Frontend:
     def reference(self, audio: Any, sample_rate: Any) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(speech tokens, prompt mel [2 * tokens, 80], x-vector [192]) of a reference recording."""
         if not isinstance(sample_rate, int) or isinstance(sample_rate, bool) or not 8000 <= sample_rate <= 192000:
-            raise InvalidRequest(f"reference_sample_rate must be an integer between 8000 and 192000, got {sample_rate!r}")
+            raise InvalidInput(f"reference_sample_rate must be an integer between 8000 and 192000, got {sample_rate!r}")
         wav = audio.detach().cpu().numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio)
         if wav.ndim != 1 or wav.dtype.kind != "f":
-            raise InvalidRequest(f"reference_audio must be mono float samples, got shape {wav.shape} dtype {wav.dtype}")
+            raise InvalidInput(f"reference_audio must be mono float samples, got shape {wav.shape} dtype {wav.dtype}")
         seconds = len(wav) / sample_rate
         if not MIN_REFERENCE_SECONDS <= seconds <= MAX_REFERENCE_SECONDS:
-            raise InvalidRequest(
+            raise InvalidInput(
                 f"reference audio must last {MIN_REFERENCE_SECONDS}-{MAX_REFERENCE_SECONDS:.0f} s, got {seconds:.2f} s"
             )
         if not np.isfinite(wav).all():
-            raise InvalidRequest("reference_audio contains NaN or infinite samples")
+            raise InvalidInput("reference_audio contains NaN or infinite samples")
         wav16 = resample(wav, sample_rate, 16000)
         wav24 = resample(wav, sample_rate, self.sample_rate)
         tokens = self.speech_tokens(wav16)
@@ -95,12 +95,12 @@ class Frontend:
     def prepare(self, payload: dict[str, Any]) -> Prepared:
         text = payload.get("text")
         if not isinstance(text, str) or not text.strip():
-            raise InvalidRequest("text must be a non-empty string")
+            raise InvalidInput("text must be a non-empty string")
         if len(text) > MAX_TEXT_CHARS:
-            raise InvalidRequest(f"text is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+            raise InvalidInput(f"text is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
         instructions = payload.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
-            raise InvalidRequest("instructions must be a string")
+            raise InvalidInput("instructions must be a string")
         reference_text = payload.get("reference_text")
         llm_prompt: list[int] = []
         flow_prompt: list[int] = []
@@ -112,9 +112,9 @@ class Frontend:
         else:
             voice = payload.get("voice") or ("default" if "default" in self.speakers else None)
             if voice is None:
-                raise InvalidRequest("give a voice or reference audio: this checkpoint has no built-in voices")
+                raise InvalidInput("give a voice or reference audio: this checkpoint has no built-in voices")
             if voice not in self.speakers:
-                raise InvalidRequest(f"unknown voice {voice!r}; built-in voices: {sorted(self.speakers)}")
+                raise InvalidInput(f"unknown voice {voice!r}; built-in voices: {sorted(self.speakers)}")
             entry = self.speakers[voice]
             embedding = torch.as_tensor(entry.get("flow_embedding", entry["embedding"])).float().reshape(-1)
             if "flow_prompt_speech_token" in entry:  # a saved zero-shot speaker carries its prompt
@@ -130,7 +130,7 @@ class Frontend:
         )
         target = self.tokenizer.encode(normalize_text(text))
         if not target:
-            raise InvalidRequest("text has no speakable content")
+            raise InvalidInput("text has no speakable content")
         return Prepared(
             text_ids=self.tokenizer.encode(prompt_text) + target,
             target_text_len=len(target),
@@ -145,5 +145,5 @@ def parse_speed(value: Any) -> float:
     if value is None:
         return 1.0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not SPEED_RANGE[0] <= float(value) <= SPEED_RANGE[1]:
-        raise InvalidRequest(f"speed must be a number in [{SPEED_RANGE[0]}, {SPEED_RANGE[1]}], got {value!r}")
+        raise InvalidInput(f"speed must be a number in [{SPEED_RANGE[0]}, {SPEED_RANGE[1]}], got {value!r}")
     return float(value)

@@ -19,10 +19,11 @@ from omni_core.scheduler.sampler import uniform_noise
 from omni_core.scheduler.sampling_params import SamplingParams
 
 from .config import LLMConfig
+from .frontend import InvalidInput
 from .llm import EXTRA_TOKEN_ROWS, CosyVoice3LM
 from .ras import RasParams, ras_sample
 
-SAMPLING_KEYS = {"temperature", "top_p", "top_k"}
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "repetition_penalty"}
 
 
 class RasHooks(ARHooks):
@@ -53,15 +54,18 @@ def _sampling(values: Any, cfg: LLMConfig) -> dict[str, float]:
     values = dict(values or {})
     unknown = set(values) - SAMPLING_KEYS
     if unknown:
-        raise ValueError(f"unknown sampling options {sorted(unknown)} for cosyvoice3; known: {sorted(SAMPLING_KEYS)}")
+        raise InvalidInput(f"unknown sampling options {sorted(unknown)} for cosyvoice3; known: {sorted(SAMPLING_KEYS)}")
     out = {"temperature": 1.0, "top_p": cfg.top_p, "top_k": cfg.top_k}
+    penalty = values.pop("repetition_penalty", None)
+    if penalty not in (None, 1, 1.0):
+        raise InvalidInput("cosyvoice3 avoids repeats with RAS: repetition_penalty must be 1 or unset")
     out.update({k: v for k, v in values.items() if v is not None})
     if not 0 < float(out["temperature"]) <= 2:
-        raise ValueError(f"temperature must be in (0, 2], got {out['temperature']}")
+        raise InvalidInput(f"temperature must be in (0, 2], got {out['temperature']}")
     if not 0 < float(out["top_p"]) <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {out['top_p']}")
+        raise InvalidInput(f"top_p must be in (0, 1], got {out['top_p']}")
     if int(out["top_k"]) < 1:
-        raise ValueError(f"top_k must be >= 1, got {out['top_k']}")
+        raise InvalidInput(f"top_k must be >= 1, got {out['top_k']}")
     return {"temperature": float(out["temperature"]), "top_p": float(out["top_p"]), "top_k": int(out["top_k"])}
 
 

@@ -1,0 +1,158 @@
+"""End to end: a real `omni serve --family cosyvoice3 --preset tiny` subprocess and the `openai`
+client. The tiny preset's audio is noise, so this checks lengths, streaming, repeatability,
+cloning from an espeak-ng recording, saved voices, batching and errors — not how it sounds."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+TEXT = "Hello there, this sentence is long enough to stream in several chunks."
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, omni_cache, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("cosyvoice3-serve")
+    port = _free_port()
+    # the preset is already written under OMNI_CACHE: `--preset tiny` finds and reuses it
+    env = {**os.environ, "OMNI_PLUGINS": "cosyvoice3", "OMNI_CACHE": str(omni_cache), "OMP_NUM_THREADS": "1"}
+    log_path = workdir / "server.log"
+    log = open(log_path, "w+")  # noqa: SIM115 - open for the server's lifetime
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omni_core.cli", "serve", "--family", "cosyvoice3", "--preset", "tiny",
+         "--port", str(port), "--max-running", "16", "--voices-dir", str(workdir / "voices")],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert process.poll() is None, log_path.read_text()[-3000:]
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        assert time.monotonic() < deadline, "server did not become ready"
+        time.sleep(0.2)
+    yield url, log_path
+    process.terminate()
+    process.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _pcm(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<i2")
+
+
+def test_logs_that_the_tiny_preset_is_noise(server):
+    assert "its audio is noise" in server[1].read_text()
+
+
+def test_builtin_voice_non_streaming_streaming_and_seed(client):
+    whole = client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="pcm",
+                                       extra_body={"seed": 7})
+    audio = _pcm(whole.content)
+    assert len(audio) > 0 and len(audio) % 480 == 0  # whole 50 Hz mel frames at 24 kHz
+    again = client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="pcm",
+                                       extra_body={"seed": 7})
+    assert again.content == whole.content  # a seed makes output repeatable
+    other = client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="pcm",
+                                       extra_body={"seed": 8})
+    assert other.content != whole.content
+
+    chunks = []
+    with client.audio.speech.with_streaming_response.create(
+        model="cosyvoice3", voice="default", input=TEXT, response_format="pcm", extra_body={"seed": 7, "stream_format": "audio"}
+    ) as response:
+        for chunk in response.iter_bytes():
+            chunks.append(chunk)
+    assert len([c for c in chunks if c]) >= 2  # audio left after the first token hop, not at the end
+    assert b"".join(chunks) == whole.content  # streamed == non-streamed: the pipeline is causal
+
+
+def test_speed_changes_duration(client):
+    normal = _pcm(client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="pcm",
+                                             extra_body={"seed": 3}).content)
+    fast = _pcm(client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="pcm",
+                                           speed=2.0, extra_body={"seed": 3}).content)
+    assert abs(len(fast) / len(normal) - 0.5) < 0.05
+
+
+def test_clone_from_espeak_reference_and_saved_voice(client, server, reference):
+    audio, rate, transcript, path = reference
+    encoded = base64.b64encode(path.read_bytes()).decode()
+    cloned = client.audio.speech.create(
+        model="cosyvoice3", voice=None, input=TEXT, response_format="wav",
+        extra_body={"reference_audio": encoded, "reference_text": transcript, "seed": 1},
+    )
+    samples, out_rate = sf.read(io.BytesIO(cloned.content), dtype="float32")
+    assert out_rate == 24000 and len(samples) > 0
+    builtin = client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="wav",
+                                         extra_body={"seed": 1})
+    assert builtin.content != cloned.content  # the reference conditions the flow
+
+    url = server[0]
+    saved = httpx.post(f"{url}/v1/audio/voices", data={"name": "birch", "text": transcript},
+                       files={"file": ("ref.wav", path.read_bytes(), "audio/wav")}, timeout=60)
+    assert saved.status_code == 200, saved.text
+    listed = httpx.get(f"{url}/v1/audio/voices").json()["data"]
+    assert {"default", "birch"} <= {v.get("name") for v in listed} | {v.get("id") for v in listed}
+    by_name = client.audio.speech.create(model="cosyvoice3", voice="birch", input=TEXT, response_format="wav",
+                                         extra_body={"seed": 1})
+    assert len(sf.read(io.BytesIO(by_name.content))[0]) > 0
+
+
+def test_concurrent_requests_batch_and_match_alone(client):
+    texts = [f"Request number {i} speaks a short line." for i in range(6)]
+
+    def speak(i):
+        return client.audio.speech.create(model="cosyvoice3", voice="default", input=texts[i], response_format="pcm",
+                                          extra_body={"seed": 100 + i}).content
+
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(speak, range(6)))
+    alone = _pcm(speak(2)).astype(np.int32)
+    batched = _pcm(together[2]).astype(np.int32)
+    # batched with others or alone: the same tokens, and audio equal up to float rounding
+    assert len(alone) == len(batched) and np.abs(alone - batched).max() <= 16
+    assert len(set(together)) == 6
+
+
+def test_bad_input_is_a_clear_400(client, server):
+    silence = io.BytesIO()
+    sf.write(silence, np.zeros(1200, dtype=np.float32), 24000, format="WAV")
+    with pytest.raises(openai.BadRequestError, match="reference audio must last"):
+        client.audio.speech.create(model="cosyvoice3", voice=None, input="Hi", response_format="wav",
+                                   extra_body={"reference_audio": base64.b64encode(silence.getvalue()).decode()})
+    with pytest.raises(openai.BadRequestError, match="top_k"):
+        client.audio.speech.create(model="cosyvoice3", voice="default", input="Hi", extra_body={"top_k": 0})
+    with pytest.raises(openai.BadRequestError, match="unknown voice"):
+        client.audio.speech.create(model="cosyvoice3", voice="nobody", input="Hi")
+    # the server is still healthy and serves the next request
+    ok = client.audio.speech.create(model="cosyvoice3", voice="default", input="Still here.", response_format="pcm",
+                                    extra_body={"seed": 1})
+    assert len(ok.content) > 0
+    stats = httpx.get(f"{server[0]}/health").status_code
+    assert stats == 200
