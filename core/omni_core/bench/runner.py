@@ -67,14 +67,18 @@ async def _run(config: BenchConfig, reporter: Reporter | None) -> dict:
     timeout = httpx.Timeout(config.timeout_s, connect=10.0)
     async with httpx.AsyncClient(base_url=config.base_url, headers=headers, timeout=timeout) as client:
         model = config.model or await _first_model(client)
+        voice = config.voice
+        speaks = config.endpoint == "speech" or config.chat_audio
+        if speaks and voice is None and not all(item.reference_audio for item in items):
+            voice = await _first_voice(client)
         options = RequestOptions(
             endpoint=config.endpoint, model=model, stream=config.stream, stream_format=config.stream_format,
-            voice=config.voice, sample_rate=config.sample_rate, chat_audio=config.chat_audio,
+            voice=voice, sample_rate=config.sample_rate, chat_audio=config.chat_audio,
             extra_body=config.extra_body,
         )
         sender = RequestSender(options)
         warmup_sent = 0
-        needs_rate = config.stream and (config.endpoint == "speech" or config.chat_audio)
+        needs_rate = config.stream and speaks
         if needs_rate and options.sample_rate is None:
             try:
                 options.sample_rate = await probe_sample_rate(client, sender, items[0])
@@ -106,6 +110,7 @@ async def _run(config: BenchConfig, reporter: Reporter | None) -> dict:
     return {
         "config": config.public(),
         "model": model,
+        "voice": voice,
         "sample_rate": options.sample_rate,
         "warmup_requests": warmup_sent,
         "levels": levels,
@@ -120,3 +125,16 @@ async def _first_model(client: httpx.AsyncClient) -> str:
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
         raise BenchError(f"could not read the served model from {str(client.base_url).rstrip('/')}/v1/models ({exc!r}); "
                          "is the server up? pass --model to name it") from exc
+
+
+async def _first_voice(client: httpx.AsyncClient) -> str | None:
+    """The first voice omni's ``GET /v1/audio/voices`` lists; None where a server has no such list
+    (then no voice is sent and the server picks its default, or says which one it needs)."""
+    try:
+        response = await client.get("/v1/audio/voices")
+        if response.is_success:
+            voices = response.json().get("data") or []
+            return str(voices[0]["id"]) if voices else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
