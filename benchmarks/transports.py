@@ -182,14 +182,14 @@ def main(argv: list[str] | None = None) -> None:
 def render(rows, names) -> str:
     machine = f"{os.cpu_count()} CPU cores, {platform.machine()}, Python {sys.version.split()[0]}, torch {torch.__version__}"
     lines = [
-        "| size | transport | latency (median, ms) | throughput (GB/s) | vs inproc |",
+        "| size | transport | latency (median, ms) | throughput (GB/s) | throughput vs zmq |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
     by_size: dict[str, dict[str, dict]] = {}
     for size, name, result in rows:
         by_size.setdefault(size, {})[name] = result
     for size, results in by_size.items():
-        base = results.get("inproc", {}).get("gbps")
+        base = results.get("zmq", {}).get("gbps")
         for name in names:
             r = results[name]
             ratio = f"{r['gbps'] / base:.2f}x" if base else "-"

@@ -8,12 +8,16 @@ and checks every dtype and size it is told before it wraps a buffer.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import numpy as np
 import torch
+
+# Received zmq frames are read-only buffers; the tensors wrapped over them are the stage's to read.
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
 TENSOR_EXT = 7
 ALIGN = 64  # byte alignment of tensors packed into one buffer

@@ -7,14 +7,10 @@ copied to host memory first.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from omni_core.comm import framing
 from omni_core.comm.base import Transport
-
-# Received zmq frames are read-only buffers; the tensors over them are the stage's to read.
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
 
 class ZmqTransport(Transport):

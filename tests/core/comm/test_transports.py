@@ -87,6 +87,11 @@ def test_shm_receive_is_zero_copy_and_unconsumed_segments_are_freed(plugins):
     gap = got["y"].untyped_storage().data_ptr() - got["x"].untyped_storage().data_ptr()
     assert 0 < gap < big.numel() * 4 + 128
 
+    small = shm.pack("req-s", {"x": torch.arange(10)})
+    assert len(glob.glob(f"/dev/shm/{prefix}*")) == 0 and len(small) == 2  # small tensors ride inline
+    assert torch.equal(shm.unpack(small)["x"], torch.arange(10))
+
+    shm = plugins.transport("shm").factory({"prefix": prefix, "inline_bytes": 0})  # a segment per message
     shm.pack("req-b", {"x": torch.ones(10)})
     shm.pack("req-b", {"x": torch.ones(10)})
     kept = shm.pack("req-c", {"x": torch.ones(10)})
