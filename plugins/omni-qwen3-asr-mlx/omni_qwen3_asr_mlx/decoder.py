@@ -26,8 +26,8 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x, cache: BatchKVCache, layer: int, offsets: mx.array, mask) -> mx.array:
-        batch, length, _ = x.shape
+    def __call__(self, x, shape, cache: BatchKVCache, layer: int, offsets: mx.array, mask) -> mx.array:
+        batch, length = shape
         cfg = self.cfg
         q = self.q_norm(self.q_proj(x).reshape(batch, length, cfg.heads, cfg.head_dim))
         k = self.k_norm(self.k_proj(x).reshape(batch, length, cfg.kv_heads, cfg.head_dim))
@@ -37,7 +37,7 @@ class Attention(nn.Module):
         k = mx.fast.rope(k, cfg.head_dim, traditional=False, base=cfg.rope_theta, scale=1.0, offset=offsets)
         keys, values = cache.update(layer, k, v)
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch * length, -1))
 
 
 class MLP(nn.Module):
@@ -59,8 +59,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x, cache, layer, offsets, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cache, layer, offsets, mask)
+    def __call__(self, x, shape, cache, layer, offsets, mask):
+        x = x + self.self_attn(self.input_layernorm(x), shape, cache, layer, offsets, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -81,12 +81,15 @@ class Decoder(nn.Module):
     def __call__(self, embeddings: mx.array, cache: BatchKVCache, last_only: bool = True) -> mx.array:
         """``embeddings``: [rows, tokens, hidden] appended after each row's cached tokens.
         Returns logits, for the last position only unless ``last_only`` is False."""
+        batch, length, hidden = embeddings.shape
         offsets = cache.row_lengths()
-        mask = cache.attention_mask(embeddings.shape[1])
-        x = embeddings
+        mask = cache.attention_mask(length)
+        # rows x tokens flattened: every projection is one matrix product, not one per row
+        x = embeddings.reshape(batch * length, hidden)
         for index, layer in enumerate(self.layers):
-            x = layer(x, cache, index, offsets, mask)
-        cache.advance(embeddings.shape[1])
+            x = layer(x, (batch, length), cache, index, offsets, mask)
+        cache.advance(length)
+        x = x.reshape(batch, length, hidden)
         if last_only:
             x = x[:, -1:, :]
         x = self.norm(x)

@@ -34,15 +34,15 @@ class EncoderAttention(nn.Module):
         self.v_proj = nn.Linear(dim, dim)
         self.out_proj = nn.Linear(dim, dim)
 
-    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
-        batch, length, dim = x.shape
+    def __call__(self, x: mx.array, shape: tuple[int, int], mask: mx.array | None) -> mx.array:
+        batch, length = shape  # x is [batch * length, dim]: one matrix product per projection
 
         def heads(t: mx.array) -> mx.array:
             return t.reshape(batch, length, self.heads, -1).transpose(0, 2, 1, 3)
 
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, dim))
+        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(batch * length, -1))
 
 
 class EncoderLayer(nn.Module):
@@ -54,8 +54,8 @@ class EncoderLayer(nn.Module):
         self.fc2 = nn.Linear(config.ffn_dim, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
 
-    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), mask)
+    def __call__(self, x: mx.array, shape: tuple[int, int], mask: mx.array | None) -> mx.array:
+        x = x + self.self_attn(self.self_attn_layer_norm(x), shape, mask)
         return x + self.fc2(nn.gelu(self.fc1(self.final_layer_norm(x))))
 
 
@@ -111,10 +111,9 @@ class AudioEncoder(nn.Module):
             valid = np.ones((num_windows, window), dtype=bool)
             valid[-1, window - pad :] = False
             mask = mx.array(valid)[:, None, None, :]
-        x = x.reshape(num_windows, window, -1)
         for layer in self.layers:
-            x = layer(x, mask)
-        return x.reshape(num_windows * window, -1)[:total]
+            x = layer(x, (num_windows, window), mask)
+        return x[:total]
 
 
 class Projector(nn.Module):
