@@ -43,6 +43,11 @@ def to_16k(wav: bytes) -> np.ndarray:
 
 
 @pytest.fixture(scope="session")
+def sentences() -> list[str]:
+    return list(SENTENCES)
+
+
+@pytest.fixture(scope="session")
 def spoken() -> list[bytes]:
     return [speak(sentence) for sentence in SENTENCES]
 

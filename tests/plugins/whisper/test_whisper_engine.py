@@ -1,0 +1,91 @@
+"""The Whisper pipeline in this process (``Omni``, the bundled tiny.en): batching does not change
+results, long audio decodes in 30 s windows, aborts and bad input free everything."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from omni_core.api import Omni
+from omni_core.pipeline import RequestFailed
+
+
+@pytest.fixture(scope="module")
+def omni():
+    with Omni(family="whisper", device="cpu") as instance:
+        yield instance
+
+
+def _decoder_idle(omni) -> bool:
+    stats = omni.stats()["stages"]["decoder"]
+    return stats["rows"] == 0 and stats["waiting_windows"] == 0 and stats["running"] == 0
+
+
+def test_concurrent_requests_batch_and_match_one_by_one(omni, spoken_16k):
+    clips = spoken_16k[3:7]
+    alone = [omni.transcribe(clip, 16000).text for clip in clips]
+    steps_before = omni.stats()["stages"]["decoder"]["steps"]
+    with ThreadPoolExecutor(len(clips)) as pool:
+        together = list(pool.map(lambda clip: omni.transcribe(clip, 16000).text, clips))
+    assert together == alone
+    assert "park" in together[2]
+    steps = omni.stats()["stages"]["decoder"]["steps"] - steps_before
+    # decoded one by one, the four would need about as many steps as their tokens together
+    assert steps < sum(len(text.split()) for text in alone)
+    assert _decoder_idle(omni)
+
+
+def test_long_audio_is_decoded_in_windows_with_timestamps(omni, spoken_16k):
+    silence = np.zeros(16000 * 4, dtype=np.float32)
+    parts = [spoken_16k[0], silence] * 6 + [spoken_16k[9]]  # about 45 s: two windows
+    audio = np.concatenate(parts)
+    result = omni.transcribe(audio, 16000, timestamps=True)
+    assert result.duration == pytest.approx(len(audio) / 16000)
+    assert "invitation" in result.text.lower() and "weather" in result.text.lower()
+    starts = [segment["start"] for segment in result.segments]
+    assert starts == sorted(starts) and starts[0] < 2.0
+    assert max(segment["end"] for segment in result.segments) > 30.0
+    assert all(0 <= s["start"] <= s["end"] <= result.duration + 1e-6 for s in result.segments)
+
+
+def test_streamed_deltas_add_up_to_the_final_text(omni, spoken_16k):
+    handle = omni.submit(omni.transcription_inputs(spoken_16k[10], 16000))
+    deltas, final = [], None
+    for event in handle:
+        if event.end:
+            final = event.payload
+        else:
+            deltas.append(event.payload["text"])
+    assert len(deltas) >= 3  # tokens stream as they decode
+    assert "".join(deltas) == final["text"] and "football" in final["text"]
+
+
+def test_abort_frees_rows_and_the_engine_goes_on(omni, spoken_16k):
+    audio = np.concatenate([spoken_16k[1], np.zeros(16000, dtype=np.float32)] * 20)  # 3 windows
+    handle = omni.submit(omni.transcription_inputs(audio, 16000))
+    for event in handle:
+        if not event.end:
+            break  # the first delta: windows are decoding
+    handle.abort()
+    deadline = time.monotonic() + 10
+    while not _decoder_idle(omni):
+        assert time.monotonic() < deadline, omni.stats()["stages"]["decoder"]
+        time.sleep(0.05)
+    assert "Friday" in omni.transcribe(spoken_16k[1], 16000).text
+
+
+@pytest.mark.parametrize(
+    "audio, kwargs, message",
+    [
+        (np.full(16000, np.nan, dtype=np.float32), {}, "NaN"),
+        (np.zeros(16000, dtype=np.float32), {"language": "fr"}, "English-only"),
+    ],
+)
+def test_bad_input_fails_only_that_request(omni, spoken_16k, audio, kwargs, message):
+    with pytest.raises(RequestFailed, match=message):
+        omni.transcribe(audio, 16000, **kwargs)
+    assert "coffee" in omni.transcribe(spoken_16k[2], 16000).text
+    assert _decoder_idle(omni)

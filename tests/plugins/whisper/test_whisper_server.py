@@ -1,0 +1,117 @@
+"""End to end: `omni serve --family whisper` with no --model serves the bundled tiny.en; the
+`openai` client transcribes real (espeak-ng) English speech in every response format."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import jiwer
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("whisper-serve")
+    port = _free_port()
+    env = {**os.environ, "OMNI_PLUGINS": "whisper", "OMNI_CACHE": str(workdir / "cache")}
+    log = open(workdir / "server.log", "w+")  # noqa: SIM115 - open for the server's lifetime
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omni_core.cli", "serve", "--family", "whisper", "--port", str(port), "--max-running", "16"],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert process.poll() is None, (workdir / "server.log").read_text()[-3000:]
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        assert time.monotonic() < deadline, "server did not become ready"
+        time.sleep(0.2)
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _words(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9' ]", " ", text.lower()).split())
+
+
+def test_word_error_rate_on_spoken_sentences(client, spoken, sentences):
+    def transcribe(wav: bytes) -> str:
+        return client.audio.transcriptions.create(model="whisper", file=("speech.wav", wav)).text
+
+    with ThreadPoolExecutor(len(spoken)) as pool:  # concurrent: they share decoder steps
+        texts = list(pool.map(transcribe, spoken))
+    error_rate = jiwer.wer([_words(s) for s in sentences], [_words(t) for t in texts])
+    assert len(sentences) >= 10
+    assert error_rate <= 0.25, list(zip(sentences, texts, strict=True))
+
+
+def test_response_formats(client, spoken):
+    audio = ("speech.wav", spoken[5])
+    result = client.audio.transcriptions.create(model="whisper", file=audio)
+    assert _words(result.text) == "we are going to the park this afternoon"
+    assert result.usage.seconds == pytest.approx(len(sf.read(io.BytesIO(spoken[5]))[0]) / 22050, abs=0.01)
+
+    plain = client.audio.transcriptions.create(model="whisper", file=audio, response_format="text")
+    assert plain.strip() == result.text
+
+    verbose = client.audio.transcriptions.create(
+        model="whisper", file=audio, response_format="verbose_json", timestamp_granularities=["segment"]
+    )
+    assert verbose.language == "en" and verbose.duration == pytest.approx(result.usage.seconds, abs=0.01)
+    assert verbose.segments and _words(" ".join(s.text for s in verbose.segments)) == _words(verbose.text)
+    first, last = verbose.segments[0], verbose.segments[-1]
+    assert 0.0 <= first.start < 1.0 and first.start < first.end <= verbose.duration + 0.01 and last.end > 1.0
+
+    srt = client.audio.transcriptions.create(model="whisper", file=audio, response_format="srt")
+    assert re.match(r"1\n00:00:0\d,\d{3} --> 00:00:0\d,\d{3}\n\S", srt)
+    vtt = client.audio.transcriptions.create(model="whisper", file=audio, response_format="vtt")
+    assert vtt.startswith("WEBVTT") and "park" in vtt
+
+
+def test_streaming_sends_deltas(client, spoken):
+    stream = client.audio.transcriptions.create(model="whisper", file=("speech.wav", spoken[7]), stream=True)
+    deltas, done = [], None
+    for event in stream:
+        if event.type == "transcript.text.delta":
+            deltas.append(event.delta)
+        elif event.type == "transcript.text.done":
+            done = event.text
+    assert len(deltas) >= 3 and "".join(deltas) == done
+    assert "boxes" in done
+
+
+def test_bad_upload_is_a_clear_error_and_the_server_goes_on(client, spoken):
+    with pytest.raises(openai.BadRequestError):
+        client.audio.transcriptions.create(model="whisper", file=("speech.wav", b"not audio at all"))
+    silence = io.BytesIO()
+    sf.write(silence, np.zeros(16000, dtype=np.float32), 16000, format="WAV")
+    with pytest.raises(openai.APIStatusError, match="English-only"):
+        client.audio.transcriptions.create(model="whisper", file=("s.wav", silence.getvalue()), language="de")
+    assert "coffee" in client.audio.transcriptions.create(model="whisper", file=("speech.wav", spoken[2])).text
