@@ -85,7 +85,7 @@ class ProcessStage(Executor):
                 outbox,
                 os.getpid(),
                 plugins_needed(
-                    self.pipeline.plugin_manager, self.stage.engine, self.pipeline.transport_name, self.device
+                    self.pipeline.plugin_manager, self.stage, self.pipeline.transport_name, self.device
                 ),
             ),
             name=f"omni-stage-{self.name}",
@@ -257,18 +257,23 @@ class ProcessStage(Executor):
             self.submit(message)
 
 
-def plugins_needed(manager: Any, engine: str, transport: str, device: str) -> list[str]:
-    """Entry-point names of the plugins that provide this stage's engine, transport and platform."""
+def plugins_needed(manager: Any, stage: Any, transport: str, device: str) -> list[str]:
+    """Entry-point names of the plugins a stage process loads: those providing the stage's
+    engine, the transport, the device's platform and the stage's family (``options["family"]``),
+    and every plugin that supplies AR stage hooks."""
     device_type = device.split(":", 1)[0]
+    family = stage.options.get("family")
     names = []
     for record in manager.records:
         if record.status != "ok":
             continue
         provided = record.provided
         if (
-            any(e.name == engine for e in provided.get("engines", []))
+            any(e.name == stage.engine for e in provided.get("engines", []))
             or any(t.name == transport for t in provided.get("transports", []))
             or any(getattr(p, "device_type", None) == device_type for p in provided.get("platforms", []))
+            or any(f.name == family for f in provided.get("families", []))
+            or "omni_stage_hooks" in record.hooks
         ):
             names.append(record.name)
     return names
