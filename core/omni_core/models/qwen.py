@@ -1,6 +1,6 @@
-"""Qwen2 / Qwen3 / Qwen3-MoE decoders on the paged KV cache.
+"""Qwen2 / Qwen3 / Qwen3-MoE (and Qwen2-MoE) decoders on the paged KV cache.
 
-One backbone covers the three: Qwen2 has q/k/v biases; Qwen3 drops them and normalises q and k
+One backbone covers them: Qwen2 has q/k/v biases; Qwen3 drops them and normalises q and k
 per head (``q_norm``, ``k_norm``); Qwen3-MoE swaps the MLP for routed experts in sparse layers.
 Module names follow the Hugging Face checkpoints, so official key names load directly (q/k/v and
 gate/up are fused at load time, see ``omni_core.models.loader``).
@@ -99,10 +99,14 @@ class QwenModel(nn.Module):
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = embeds
         ctx.capture(0, x)
+        last = len(self.layers)
         for i, layer in enumerate(self.layers):
             x = layer(x, positions, self.rotary, ctx)
-            ctx.capture(i + 1, x)
-        return self.norm(x)
+            if i + 1 < last:
+                ctx.capture(i + 1, x)
+        x = self.norm(x)
+        ctx.capture(last, x)  # the last entry is after the final norm, as in Hugging Face's hidden_states
+        return x
 
 
 def _is_sparse_layer(config, index: int) -> bool:
@@ -164,3 +168,13 @@ class Qwen3ForCausalLM(QwenForCausalLM):
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     qk_norm, moe = True, True
+
+
+class Qwen2MoeForCausalLM(QwenForCausalLM):
+    """Qwen2-MoE: q/k/v biases (``qkv_bias``), routed experts plus a sigmoid-gated shared expert."""
+
+    qk_norm, moe = False, True
+
+    def __init__(self, config):
+        self.bias = bool(getattr(config, "qkv_bias", True))
+        super().__init__(config)

@@ -7,12 +7,13 @@ from pathlib import Path
 import torch
 
 from omni_core.models.loader import iter_safetensors, load_weights, random_init
-from omni_core.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
+from omni_core.models.qwen import Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
 ARCHITECTURES = {
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
 }
 
 

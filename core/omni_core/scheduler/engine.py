@@ -130,7 +130,7 @@ class AREngine:
         seq = Sequence(request.request_id, request.prompt_token_ids, request.params, request.prompt_embeds, request.extras, request.hidden_layers, self.eos_token_ids)
         vocab = self._vocab_size()
         if request.prompt_token_ids is not None and vocab and any(not 0 <= t < vocab for t in seq.token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+            raise ValueError(f"prompt token ids must be in [0, {vocab}) (the vocab size)")
         if len(seq) + request.params.max_tokens > self.max_model_len:
             raise ValueError(f"prompt ({len(seq)} tokens) + max_tokens ({request.params.max_tokens}) exceeds the engine's max_model_len {self.max_model_len}")
         self.requests[seq.request_id] = seq

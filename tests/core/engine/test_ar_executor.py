@@ -1,0 +1,152 @@
+"""The `ar` stage executor through a real StageSpec / StageContext, and the asyncio streaming API."""
+
+import asyncio
+import threading
+import time
+
+import torch
+
+from omni_core.hooks import get_plugin_manager
+from omni_core.pipeline.topology import StageSpec
+from omni_core.scheduler import AREngine, ARStageWorker, AsyncAREngine, EngineConfig, EngineRequest, SamplingParams
+from omni_core.scheduler.executor import Message, StageContext
+
+
+class Collector:
+    def __init__(self):
+        self.messages, self.failures = [], []
+        self.lock = threading.Lock()
+
+    def emit(self, message):
+        with self.lock:
+            self.messages.append(message)
+
+    def fail(self, request_id, error):
+        with self.lock:
+            self.failures.append((request_id, error))
+
+    def wait(self, predicate, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if predicate(self):
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def ended(self, request_id):
+        return any(m.request_id == request_id and m.end for m in self.messages)
+
+    def tokens(self, request_id):
+        return [t for m in self.messages if m.request_id == request_id for t in m.payload["token_ids"]]
+
+
+def start_executor(factory, collector):
+    """The `ar` engine as the runtime gets it: through the core's entry point."""
+    stage = StageSpec("llm", "ar", factory)
+    context = StageContext("llm", "cpu", collector.emit, collector.fail)
+    executor = get_plugin_manager().engine("ar").build(stage, context)
+    executor.start()
+    return executor
+
+
+def test_stage_streams_tokens_fails_bad_requests_alone_and_aborts(tiny_model):
+    collector = Collector()
+
+    def factory(context):
+        return ARStageWorker(tiny_model, engine_config=EngineConfig(block_size=4, num_kv_blocks=64))
+
+    executor = start_executor(factory, collector)
+    try:
+        expected = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=64)).generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0].token_ids
+        executor.submit(Message("long", "in", {"prompt_token_ids": [9, 9, 9], "sampling": {"max_tokens": 200, "seed": 1, "ignore_eos": True}}))
+        executor.submit(Message("good", "in", {"prompt_token_ids": [1, 2, 3], "sampling": {"temperature": 0, "max_tokens": 6, "ignore_eos": True}}))
+        executor.submit(Message("typo", "in", {"prompt_token_ids": [1], "sampling": {"temprature": 0.5}}))
+        executor.submit(Message("oov", "in", {"prompt_token_ids": [1, 10_000]}))
+        assert collector.wait(lambda c: c.ended("good") and len(c.failures) == 2)
+        assert collector.tokens("good") == expected
+        chunks = [m for m in collector.messages if m.request_id == "good"]
+        assert [m.seq for m in chunks] == list(range(6)) and [m.end for m in chunks] == [False] * 5 + [True]
+        assert {r for r, _ in collector.failures} == {"typo", "oov"}
+        assert "temprature" in dict(collector.failures)["typo"]
+        executor.abort("long")
+        assert collector.wait(lambda c: executor.stats().get("kv_blocks_free") == 64 and executor.stats().get("running") == 0)
+        n = len(collector.tokens("long"))
+        time.sleep(0.1)
+        assert len(collector.tokens("long")) == n and not collector.ended("long")
+    finally:
+        executor.stop()
+
+
+def test_stage_with_custom_request_and_per_request_extras(tiny_model):
+    """A family's make_request/on_output, and extras the model reads per sequence (the way a
+    family keeps per-request encoder state): the batch gives each request its own result."""
+
+    class ShiftedLM(torch.nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+            self.kv_cache_spec, self.hidden_size = base.kv_cache_spec, base.hidden_size
+
+        def embed(self, ids):
+            return self.base.embed(ids)
+
+        def forward(self, embeds, positions, ctx):
+            shift = torch.cat([ex["shift"].expand(n, -1) for ex, n in zip(ctx.extras, ctx.query_lens)])
+            return self.base(embeds + shift, positions, ctx)
+
+        def compute_logits(self, hidden):
+            return self.base.compute_logits(hidden)
+
+    model = ShiftedLM(tiny_model)
+    shifts = {f"r{i}": torch.randn(1, 64) * 0.5 for i in range(3)}
+
+    def make_request(message):
+        rid = message.request_id
+        return EngineRequest(rid, prompt_token_ids=message.payload["ids"], params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), extras={"shift": shifts[rid]})
+
+    def on_output(request_id, new_ids, finished, step_outputs, emit):
+        emit("speech_tokens", {"token_ids": new_ids}, end=finished)
+
+    collector = Collector()
+    executor = start_executor(lambda ctx: ARStageWorker(model, engine_config=EngineConfig(block_size=4, num_kv_blocks=64), make_request=make_request, on_output=on_output), collector)
+    try:
+        for i in range(3):
+            executor.submit(Message(f"r{i}", "in", {"ids": [3, 1, 4, 1, 5][: 3 + i]}))
+        assert collector.wait(lambda c: all(c.ended(f"r{i}") for i in range(3)))
+    finally:
+        executor.stop()
+    assert {m.port for m in collector.messages} == {"speech_tokens"}
+    for i in range(3):
+        solo = AREngine(model, EngineConfig(block_size=4, num_kv_blocks=64))
+        solo.add_request(make_request(Message(f"r{i}", "in", {"ids": [3, 1, 4, 1, 5][: 3 + i]})))
+        ref = []
+        while solo.has_unfinished():
+            ref += [t for o in solo.step() for t in o.new_token_ids]
+        assert collector.tokens(f"r{i}") == ref
+
+
+def test_async_stream_and_early_exit_frees_blocks(tiny_model):
+    engine = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=64))
+    expected = engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids
+    aengine = AsyncAREngine(engine)
+
+    async def main():
+        streamed = []
+        async for out in aengine.stream([5, 6, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)):
+            streamed.append(out.new_token_ids)
+        together = await asyncio.gather(*(aengine.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)) for _ in range(3)))
+        async for _ in aengine.stream([1, 2], SamplingParams(max_tokens=100, ignore_eos=True)):
+            break  # leaving early aborts
+        return streamed, together
+
+    try:
+        streamed, together = asyncio.run(main())
+        assert streamed == [[t] for t in expected]
+        assert all(g.token_ids == expected for g in together)
+        deadline = time.monotonic() + 10
+        while engine.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert aengine.loop.stats["kv_blocks_free"] == 64
+    finally:
+        aengine.shutdown()

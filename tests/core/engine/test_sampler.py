@@ -1,0 +1,71 @@
+"""The batched sampler: filters, exact sampling distribution, seeds independent of the batch."""
+
+import pytest
+import torch
+
+from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
+from omni_core.scheduler.sampler import Sampler, build_sampling_tensors
+from omni_core.scheduler.sequence import Sequence
+
+LOGITS = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03]))
+
+
+def draw(params: SamplingParams, n: int = 6000, logits=LOGITS) -> torch.Tensor:
+    """n draws, each by its own sequence (distinct seeds), in one batched call."""
+    seqs = [Sequence(f"s{i}", [1], SamplingParams(**{**params.__dict__, "seed": i})) for i in range(n)]
+    t = build_sampling_tensors(seqs, logits.shape[0], "cpu")
+    return Sampler()(logits.expand(n, -1).clone(), t)
+
+
+def frequencies(tokens, vocab=5):
+    return torch.bincount(tokens, minlength=vocab).float() / len(tokens)
+
+
+def test_temperature_one_samples_the_softmax():
+    freq = frequencies(draw(SamplingParams(temperature=1.0)))
+    torch.testing.assert_close(freq, LOGITS.softmax(-1), atol=0.02, rtol=0)
+
+
+def test_temperature_sharpens():
+    freq = frequencies(draw(SamplingParams(temperature=0.5)))
+    torch.testing.assert_close(freq, (LOGITS / 0.5).softmax(-1), atol=0.02, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        (SamplingParams(top_k=2), [2 / 3, 1 / 3, 0, 0, 0]),
+        (SamplingParams(top_p=0.8), [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0, 0]),
+        (SamplingParams(min_p=0.25), [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0, 0]),
+        (SamplingParams(top_k=1), [1, 0, 0, 0, 0]),
+        (SamplingParams(temperature=0), [1, 0, 0, 0, 0]),
+    ],
+)
+def test_filters_renormalise_what_they_keep(params, expected):
+    freq = frequencies(draw(params))
+    torch.testing.assert_close(freq, torch.tensor(expected, dtype=torch.float32), atol=0.025, rtol=0)
+
+
+def test_repetition_penalty_demotes_seen_tokens():
+    logits = torch.tensor([[2.0, 1.9, -1.0, 0.5]])
+    seq = Sequence("s", [0], SamplingParams(temperature=0, repetition_penalty=1.2))
+    assert Sampler()(logits, build_sampling_tensors([seq], 4, "cpu")).tolist() == [1]  # 2.0 / 1.2 < 1.9
+    seq = Sequence("s", [3], SamplingParams(temperature=0, repetition_penalty=1.2))
+    assert Sampler()(logits, build_sampling_tensors([seq], 4, "cpu")).tolist() == [0]
+
+
+def test_seeded_requests_ignore_their_batch_mates(tiny_model):
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=1234, ignore_eos=True)
+    alone = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=128)).generate([[9, 8, 7]], params)[0].token_ids
+    others = [SamplingParams(temperature=1.0, max_tokens=n, seed=n) for n in (3, 20, 7)]
+    engine = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=128))
+    mixed = engine.generate([[1, 2], [9, 8, 7], [5] * 9, [4, 4]], [others[0], params, others[1], others[2]])
+    assert mixed[1].token_ids == alone
+    different_seed = SamplingParams(**{**params.__dict__, "seed": 99})
+    assert engine.generate([[9, 8, 7]], different_seed)[0].token_ids != alone
+
+
+def test_invalid_params_raise():
+    for bad in (dict(temperature=-1), dict(top_p=0), dict(max_tokens=0), dict(min_tokens=5, max_tokens=2), dict(repetition_penalty=0)):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
