@@ -20,7 +20,7 @@ def test_new_plugin_installs_lists_and_passes_its_test(tmp_path, kind):
 
     site = tmp_path / "site"
     pip_install_target([package], site)
-    env = env_with_path(site)
+    env = env_with_path(site, OMNI_PLUGINS=name)
     record = {item["name"]: item for item in plugins_json(env)}[name]
     assert record["status"] == "ok", record["error"]
     assert record["dist"] == f"omni-{name}"
