@@ -13,7 +13,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-import soxr
 import torch
 from transformers.audio_utils import mel_filter_bank, spectrogram, window_function
 
@@ -22,6 +21,8 @@ def resample(audio: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
     audio = np.asarray(audio, dtype=np.float32)
     if rate_in == rate_out:
         return audio
+    import soxr  # only references need resampling
+
     return soxr.resample(audio, rate_in, rate_out).astype(np.float32)
 
 

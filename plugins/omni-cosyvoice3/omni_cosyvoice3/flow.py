@@ -52,7 +52,8 @@ class ConditionalCFM(nn.Module):
         b, _, t = mu.shape
         if t > NOISE_FRAMES:
             raise ValueError(f"utterance of {t} mel frames exceeds the {NOISE_FRAMES}-frame limit")
-        x = self.rand_noise[:, :, :t].to(mu.dtype).expand(b, -1, -1).clone()
+        # the ODE state stays float32 whatever the estimator's dtype
+        x = self.rand_noise[:, :, :t].float().expand(b, -1, -1).clone()
         grid = 1 - torch.cos(torch.linspace(0, 1, self.cfg.n_timesteps + 1, device=mu.device) * 0.5 * torch.pi)
         zeros = torch.zeros_like
         # conditional rows first, then unconditional rows (no mu, speaker or prompt)
@@ -62,10 +63,11 @@ class ConditionalCFM(nn.Module):
         for step in range(self.cfg.n_timesteps):
             t_now, dt = grid[step], grid[step + 1] - grid[step]
             tt = t_now.expand(2 * b).to(mu.dtype)
-            v = self.estimator(torch.cat([x, x]), valid2, mu2, tt, spks2, cond2, streaming2)
+            x_in = x.to(mu.dtype)
+            v = self.estimator(torch.cat([x_in, x_in]), valid2, mu2, tt, spks2, cond2, streaming2).float()
             v_cond, v_uncond = v[:b], v[b:]
-            x = x + dt.to(mu.dtype) * ((1.0 + rate) * v_cond - rate * v_uncond)
-        return x.float()
+            x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
+        return x
 
 
 @dataclass

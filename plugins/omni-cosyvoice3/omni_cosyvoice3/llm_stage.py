@@ -39,6 +39,7 @@ class RasHooks(ARHooks):
             top_p=torch.tensor([r["top_p"] for r in rows], device=device),
             top_k=torch.tensor([r["top_k"] for r in rows], device=device, dtype=torch.int64),
             temperature=torch.tensor([r["temperature"] for r in rows], device=device),
+            k_max=max(r["top_k"] for r in rows),
             win_size=self.cfg.win_size,
             tau_r=self.cfg.tau_r,
         )

@@ -21,6 +21,7 @@ class RasParams:
     top_p: torch.Tensor
     top_k: torch.Tensor  # int64
     temperature: torch.Tensor
+    k_max: int  # the largest top_k of the batch, known on the host (no device sync)
     win_size: int = 10
     tau_r: float = 0.1
 
@@ -49,7 +50,7 @@ def ras_sample(
     scores = scores.masked_fill(block_stop[:, None] & stop_cols[None, :], float("-inf"))
     probs = scores.softmax(dim=-1)
 
-    k_max = int(min(vocab, int(params.top_k.max())))
+    k_max = int(min(vocab, params.k_max))
     top_p, top_i = probs.topk(k_max, dim=-1)  # sorted, descending
     rank = torch.arange(k_max, device=probs.device)[None, :]
     before = top_p.cumsum(dim=-1) - top_p

@@ -37,8 +37,10 @@ def frontend_factory(context, checkpoint_dir: str):
     return FrontendWorker(Frontend(checkpoint_dir, load_speakers(checkpoint_dir), cfg.sample_rate), cfg.chunk_size)
 
 
-def llm_factory(context, checkpoint_dir: str, dtype: str, max_num_seqs: int, kv_cache_bytes: int | None, cuda_graphs: bool):
+def llm_factory(context, checkpoint_dir: str, dtype: str, max_num_seqs: int, kv_cache_bytes: int | None, cuda_graphs: bool,
+                length_ratios: tuple[float, float] = (2.0, 20.0)):
     model = load_llm(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
+    model.cfg.min_token_text_ratio, model.cfg.max_token_text_ratio = length_ratios
     config = EngineConfig(
         max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes, dtype=_dtype(dtype), cuda_graphs=cuda_graphs,
         enable_prefix_caching=True,
@@ -61,7 +63,8 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     """Options: ``dtype`` (flow; float32 | bfloat16 | float16, default float32), ``llm_dtype``
     (default: ``dtype``), ``hift_dtype`` (default float32), ``max_batch`` (requests per flow /
     hift call and llm rows, default 32), ``batch_window_ms`` (default 5), ``max_hop`` (tokens of
-    the largest flow chunk, default 100), ``kv_cache_bytes``, ``cuda_graphs`` (default True)."""
+    the largest flow chunk, default 100), ``kv_cache_bytes``, ``cuda_graphs`` (default True),
+    ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20)."""
     check_layout(checkpoint_dir)
     if describe(checkpoint_dir)["preset"]:
         log.warning("cosyvoice3: %s holds the %r preset (random weights): its audio is noise",
@@ -82,7 +85,9 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
             StageSpec("frontend", "fn", make(frontend_factory, checkpoint_dir=path), ("in",), ("llm", "cond")),
             StageSpec("llm", "ar", make(llm_factory, checkpoint_dir=path, dtype=llm_dtype, max_num_seqs=max_batch,
                                         kv_cache_bytes=None if kv is None else int(kv),
-                                        cuda_graphs=bool(options.get("cuda_graphs", True))),
+                                        cuda_graphs=bool(options.get("cuda_graphs", True)),
+                                        length_ratios=(float(options.get("min_token_text_ratio", 2.0)),
+                                                       float(options.get("max_token_text_ratio", 20.0)))),
                       ("in",), ("tokens",), options={"family": "cosyvoice3"}),
             StageSpec("flow", "batch", make(flow_factory, checkpoint_dir=path, dtype=dtype,
                                             max_hop=int(options.get("max_hop", 100))),

@@ -111,7 +111,7 @@ def test_hift_stable_prefix_and_batching(hift):
 def _ras(top_k=25, top_p=0.8, temperature=1.0, rows=1):
     return RasParams(
         top_p=torch.full((rows,), top_p), top_k=torch.full((rows,), top_k, dtype=torch.int64),
-        temperature=torch.full((rows,), temperature), win_size=10, tau_r=0.1,
+        temperature=torch.full((rows,), temperature), k_max=top_k, win_size=10, tau_r=0.1,
     )
 
 
