@@ -21,7 +21,7 @@ import zmq
 from omni_core.comm.framing import FramingError
 from omni_core.pipeline.control import Channel, bind_address, receive
 from omni_core.pipeline.stage_process import run_stage_process
-from omni_core.scheduler.executor import Executor, Message
+from omni_core.scheduler.executor import Executor, Message, StageContext
 
 POLL_MS = 50  # the monitor's poll interval: also how soon a dead child is noticed
 START_TIMEOUT_S = 180.0
@@ -34,7 +34,7 @@ class StageProcessError(RuntimeError):
 
 class ProcessStage(Executor):
     def __init__(self, pipeline: Any, stage: Any, device: str, emit, fail):
-        self.stage = stage
+        super().__init__(stage, StageContext(stage.name, device, emit, fail, options=dict(stage.options)))
         self.name = stage.name
         self.device = device
         self.pipeline = pipeline
