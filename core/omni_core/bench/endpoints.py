@@ -249,8 +249,8 @@ async def _read_wav(response: httpx.Response, record: RequestRecord) -> None:
     """A whole encoded file: time to first audio is its first byte, its length is in the header."""
     parts = []
     async for piece in response.aiter_bytes():
-        if record.first_output is None:
-            record.first_output = time.perf_counter()
+        if record.first_audio is None:
+            record.first_audio = time.perf_counter()
         parts.append(piece)
     end = time.perf_counter()
     record.add_audio(end, soundfile.info(io.BytesIO(b"".join(parts))).duration)

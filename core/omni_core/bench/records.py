@@ -10,8 +10,7 @@ class RequestRecord:
     """One request as the client saw it.
 
     ``chunks`` lists ``(arrival_time, audio_seconds)`` for every piece of audio received, in
-    order; the simulated player replays them. ``first_output`` is the arrival of the first audio
-    (speech, audio chat) or the first text token (transcription, text chat).
+    order; the simulated player replays them.
     """
 
     start: float
@@ -19,7 +18,8 @@ class RequestRecord:
     status: int | None = None  # HTTP status; None when no response came back at all
     error: str | None = None  # a category: "http", "timeout", "connect", "protocol", "stream_error"
     detail: str | None = None  # the server's message or the exception, for the log
-    first_output: float | None = None
+    first_audio: float | None = None
+    first_text: float | None = None
     chunks: list[tuple[float, float]] = field(default_factory=list)
     input_audio_seconds: float = 0.0  # audio sent (transcriptions, audio chat)
     output_text: str = ""
@@ -38,21 +38,27 @@ class RequestRecord:
         return None if self.end is None else self.end - self.start
 
     @property
+    def first_output(self) -> float | None:
+        """The first audio where the reply speaks (speech, audio chat), else the first text."""
+        return self.first_audio if self.first_audio is not None else self.first_text
+
+    @property
     def time_to_first_output(self) -> float | None:
-        return None if self.first_output is None else self.first_output - self.start
+        first = self.first_output
+        return None if first is None else first - self.start
 
     def add_audio(self, arrival: float, seconds: float) -> None:
         if seconds <= 0:
             return
-        if self.first_output is None:
-            self.first_output = arrival
+        if self.first_audio is None:
+            self.first_audio = arrival
         self.chunks.append((arrival, seconds))
 
     def add_text(self, arrival: float, text: str) -> None:
         if not text:
             return
-        if self.first_output is None:
-            self.first_output = arrival
+        if self.first_text is None:
+            self.first_text = arrival
         self.output_text += text
 
     def fail(self, category: str, detail: str, at: float) -> None:

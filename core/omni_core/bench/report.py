@@ -56,7 +56,8 @@ def _triple(values: dict, digits: int = 1) -> str:
 def results_table(result: dict) -> Table:
     """Rows are metrics and columns are concurrency levels, so three levels fit any terminal."""
     config = result["config"]
-    first_output = "first audio" if result.get("sample_rate") or config["endpoint"] == "speech" else "first token"
+    speaks = config["endpoint"] == "speech" or config.get("chat_audio")
+    first_output = "first audio" if speaks else "first token"
     mode = "stream" if config["stream"] else "no stream"
     table = Table(title=f"omni bench: {config['endpoint']} ({mode}) on {config['base_url']}, model {result['model']}")
     table.add_column("metric", style="bold")

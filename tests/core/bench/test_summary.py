@@ -27,7 +27,10 @@ def test_player_waits_for_late_chunks_only_after_playback_starts():
 
 def _ok(start, first, end, chunks=(), input_seconds=0.0):
     record = RequestRecord(start=start, status=200, end=end, input_audio_seconds=input_seconds)
-    record.first_output = first
+    if chunks:
+        record.first_audio = first
+    else:
+        record.first_text = first
     record.chunks = list(chunks)
     return record
 
