@@ -2,7 +2,8 @@
 
 ``pack(request_id, payload)`` returns the frames to send (the first is msgpack metadata);
 ``unpack(frames)`` rebuilds the payload on the receiving side. ``release(request_id)`` frees
-whatever the transport still holds for a finished or aborted request, ``close()`` everything.
+whatever the transport still holds for a finished or aborted request, ``release_process(pid)``
+what a dead process left behind, ``close()`` everything.
 The control plane (zmq sockets of the pipeline runtime) carries the frames.
 """
 
@@ -31,6 +32,10 @@ class Transport(ABC):
 
     def release(self, request_id: str) -> None:
         """Free what is still held for the request (unconsumed buffers)."""
+        return None
+
+    def release_process(self, pid: int) -> None:
+        """Free what a process of this pipeline left behind when it died."""
         return None
 
     def close(self) -> None:

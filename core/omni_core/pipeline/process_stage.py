@@ -232,6 +232,8 @@ class ProcessStage(Executor):
             self._state = "restarting"
             lost, self._inflight = self._inflight, set()
             self.restarts += 1
+        if self.pid is not None:
+            self.transport.release_process(self.pid)  # shared memory the dead child had written
         reason = f"stage process died (exit code {exitcode}); it is being restarted"
         for request_id in lost:
             self._fail(request_id, reason)

@@ -103,7 +103,9 @@ def _serve(pull, out: Channel, transport, executor, parent_pid: int) -> None:
                 executor.submit(message)
         elif op == "abort":
             executor.abort(str(header["rid"]))
+            transport.release(str(header["rid"]))
         elif op == "release":
             release_request(executor, str(header["rid"]))
+            transport.release(str(header["rid"]))
         elif op == "stop":
             return

@@ -3,7 +3,9 @@ cleanup on release and close, refusal of what cannot travel, nccl's clear error 
 
 from __future__ import annotations
 
+import gc
 import glob
+import os
 import uuid
 
 import msgpack
@@ -75,41 +77,57 @@ def test_payload_round_trips_between_two_real_zmq_sockets(plugins, name):
         sender.close()
 
 
-def test_shm_receive_is_zero_copy_and_unconsumed_segments_are_freed(plugins):
+def entries(prefix):
+    return sorted(glob.glob(f"/dev/shm/{prefix}*"))
+
+
+def test_shm_pool_is_zero_copy_and_reuses_a_segment_once_the_receiver_frees_it(plugins):
     shm, prefix = make(plugins, "shm")
-    big = torch.randn(256, 1024)
-    frames = shm.pack("req-a", {"x": big, "y": torch.ones(3)})
-    assert len(glob.glob(f"/dev/shm/{prefix}*")) == 1  # one segment per message
-    got = shm.unpack(frames)
-    assert glob.glob(f"/dev/shm/{prefix}*") == []
-    assert torch.equal(got["x"], big)
+    big = torch.randn(256, 1024)  # 1 MB: a pooled segment
+    first = shm.unpack(shm.pack("req-a", {"x": big, "y": torch.ones(3)}))
+    assert torch.equal(first["x"], big) and len(entries(prefix)) == 1
     # both tensors read one mapping: their storages are views into the same region
-    gap = got["y"].untyped_storage().data_ptr() - got["x"].untyped_storage().data_ptr()
+    gap = first["y"].untyped_storage().data_ptr() - first["x"].untyped_storage().data_ptr()
     assert 0 < gap < big.numel() * 4 + 128
+    segment = entries(prefix)[0]
+
+    second = shm.unpack(shm.pack("req-b", {"x": big * 2}))  # the first is still held: a new segment
+    assert len(entries(prefix)) == 2 and torch.equal(second["x"], big * 2)
+    del first
+    gc.collect()
+    third = shm.unpack(shm.pack("req-c", {"x": big * 3}))  # refills the freed one
+    assert segment in entries(prefix) and len(entries(prefix)) == 2  # no third segment
+    assert torch.equal(third["x"], big * 3)
+    assert torch.equal(second["x"], big * 2)  # untouched by the refill
 
     small = shm.pack("req-s", {"x": torch.arange(10)})
-    assert len(glob.glob(f"/dev/shm/{prefix}*")) == 0 and len(small) == 2  # small tensors ride inline
+    assert len(small) == 2 and len(entries(prefix)) == 2  # small tensors ride inline, no segment
     assert torch.equal(shm.unpack(small)["x"], torch.arange(10))
 
-    shm = plugins.transport("shm").factory({"prefix": prefix, "inline_bytes": 0})  # a segment per message
+    shm.pack("req-d", {"x": big})  # never received (its request aborts): no free segment left, a third
+    assert len(entries(prefix)) == 3
+    shm.release("req-d")
+    assert len(entries(prefix)) == 2
+    shm.close()
+    assert entries(prefix) == []
+    assert torch.equal(third["x"], big * 3)  # a receiver's mapping outlives the name
+
+
+def test_shm_one_off_segments_are_unlinked_on_receipt_or_release(plugins):
+    prefix = f"omni-test-{uuid.uuid4().hex[:8]}"
+    shm = plugins.transport("shm").factory({"prefix": prefix, "inline_bytes": 0, "pool_bytes": 0})
+    got = shm.unpack(shm.pack("req-a", {"x": torch.arange(5)}))
+    assert torch.equal(got["x"], torch.arange(5)) and entries(prefix) == []  # unlinked on receipt
     shm.pack("req-b", {"x": torch.ones(10)})
     shm.pack("req-b", {"x": torch.ones(10)})
     kept = shm.pack("req-c", {"x": torch.ones(10)})
-    assert len(glob.glob(f"/dev/shm/{prefix}*")) == 3
+    assert len(entries(prefix)) == 3
     shm.release("req-b")  # aborted request: its two segments go, req-c's stays
-    assert len(glob.glob(f"/dev/shm/{prefix}*")) == 1
-    with pytest.raises(FramingError, match="is gone"):
-        shm.unpack(_released(shm))  # sent, then its request was released before receipt
-    shm.close()
-    assert glob.glob(f"/dev/shm/{prefix}*") == []
+    assert len(entries(prefix)) == 1
+    shm.release_process(os.getpid())  # what a dead sender left behind
+    assert entries(prefix) == []
     with pytest.raises(FramingError, match="is gone"):
         shm.unpack(kept)
-
-
-def _released(shm):
-    frames = shm.pack("req-e", {"x": torch.ones(1)})
-    shm.release("req-e")
-    return frames
 
 
 def test_what_cannot_travel_is_refused_and_nothing_received_is_unpickled(plugins):
