@@ -67,6 +67,7 @@ def bench() -> None:
               help="Requests sent before measuring (not counted).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=300.0,
               show_default=True, help="Seconds one request may take.")
+@click.option("--detailed", is_flag=True, help="Add each request's numbers to the JSON (under levels[].requests).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Write the results as JSON to this file ('-' for stdout).")
 def serve(json_out: str | None, **options) -> None:

@@ -12,7 +12,7 @@ from omni_core.bench.dataset import load_items
 from omni_core.bench.endpoints import RequestOptions, RequestSender, probe_sample_rate
 from omni_core.bench.load import LoadPlan, run_level
 from omni_core.bench.records import RequestRecord
-from omni_core.bench.summary import LevelSummary, summarize
+from omni_core.bench.summary import LevelSummary, playback_underrun, summarize
 
 
 class BenchError(RuntimeError):
@@ -35,6 +35,7 @@ class BenchConfig:
     sample_rate: int | None = None
     chat_audio: bool = False
     warmup: int = 1
+    detailed: bool = False  # add every request's own numbers to the report
     timeout_s: float = 300.0
     api_key: str | None = field(default=None, repr=False)
     extra_body: dict = field(default_factory=dict)
@@ -106,7 +107,11 @@ async def _run(config: BenchConfig, reporter: Reporter | None) -> dict:
                             duration_s=duration)
         if reporter:
             reporter.level_finished(summary)
-        levels.append(summary.to_json())
+        level = summary.to_json()
+        if config.detailed:
+            first_start = min((r.start for r in records), default=0.0)
+            level["requests"] = [request_row(r, first_start) for r in records]
+        levels.append(level)
     return {
         "config": config.public(),
         "model": model,
@@ -138,3 +143,21 @@ async def _first_voice(client: httpx.AsyncClient) -> str | None:
     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
         pass
     return None
+
+
+def request_row(record: RequestRecord, level_start: float) -> dict:
+    """One request's own numbers, for plotting or for finding the slow ones."""
+    ttfo, latency = record.time_to_first_output, record.latency
+    return {
+        "sent_at_s": record.start - level_start,
+        "status": record.status,
+        "error": record.error,
+        "detail": record.detail,
+        "time_to_first_output_ms": None if ttfo is None else ttfo * 1000.0,
+        "latency_ms": None if latency is None else latency * 1000.0,
+        "output_audio_seconds": record.output_audio_seconds,
+        "input_audio_seconds": record.input_audio_seconds,
+        "audio_chunks": len(record.chunks),
+        "underrun_s": playback_underrun(record.chunks) if record.chunks else None,
+        "output_tokens": record.output_tokens,
+    }

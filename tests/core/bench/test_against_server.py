@@ -11,9 +11,9 @@ import sys
 import httpx
 import pytest
 import soundfile
-from prometheus_client.parser import text_string_to_metric_families
-
 from omni_core.bench.dataset import spoken
+from omni_core.bench.load import arrival_offsets
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.core.serve.server import ServerProcess, install_testfamily
 
@@ -115,7 +115,7 @@ def test_streamed_speech_agrees_with_server_metrics(server, short_prompts, tmp_p
     rate = server_sample_rate(server)
     before = scrape(server)
     report = bench(server, tmp_path, "--endpoint", "speech", "--concurrency", "1,8", "--num-requests", "8",
-                   "--warmup", "0", "--sample-rate", str(rate), "--dataset", short_prompts)
+                   "--warmup", "0", "--sample-rate", str(rate), "--dataset", short_prompts, "--detailed")
     after = scrape(server)
     assert report["warmup_requests"] == 0
     solo, crowded = report["levels"]
@@ -129,6 +129,14 @@ def test_streamed_speech_agrees_with_server_metrics(server, short_prompts, tmp_p
         check_level_numbers(level)
         assert level["underrun_s"]["total"] >= 0
         assert level["rtf"]["mean"] > 0
+        rows = level["requests"]
+        ok = [row for row in rows if row["status"] == 200]
+        assert len(rows) == level["num_requests"] and len(ok) == level["completed"]
+        assert sum(row["output_audio_seconds"] for row in ok) == pytest.approx(level["output_audio_seconds"])
+        assert all(row["audio_chunks"] > 1 for row in ok)  # audio arrived as a stream, not one blob
+        for row in rows:
+            if row["status"] == 429:
+                assert row["error"] == "http" and row["detail"].startswith("429: ")
 
 
 def test_every_speech_mode_measures_the_same_audio(server, short_prompts, tmp_path):
@@ -156,6 +164,8 @@ def test_transcriptions_count_the_audio_they_send(server, tmp_path):
     after = scrape(server)
     level = report["levels"][0]
     assert level["completed"] == 6 and level["request_rate"] == 20
+    # The open loop waited for the last seeded arrival before sending it.
+    assert level["duration_s"] >= arrival_offsets(6, 20.0, seed=0)[-1]
     check_level_numbers(level)
     assert totals(report) == statuses(before, after, TRANSCRIPTIONS)
     assert level["input_audio_seconds"] == pytest.approx(

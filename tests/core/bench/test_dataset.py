@@ -2,7 +2,6 @@ import json
 
 import pytest
 import soundfile
-
 from omni_core.bench.dataset import BUILTIN_TEXTS, DatasetError, load_items, load_jsonl, spoken
 
 

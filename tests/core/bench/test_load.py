@@ -1,7 +1,7 @@
+import itertools
 import statistics
 
 import pytest
-
 from omni_core.bench.dataset import BenchItem
 from omni_core.bench.load import arrival_offsets, request_order
 
@@ -25,7 +25,7 @@ def test_poisson_arrivals_are_seeded_with_the_right_mean_gap():
     offsets = arrival_offsets(4000, 8.0, seed=1)
     assert offsets == arrival_offsets(4000, 8.0, seed=1)
     assert offsets[0] == 0.0 and offsets == sorted(offsets)
-    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
     assert statistics.fmean(gaps) == pytest.approx(1 / 8.0, rel=0.05)
     # Exponential gaps: the standard deviation equals the mean.
     assert statistics.pstdev(gaps) == pytest.approx(1 / 8.0, rel=0.1)

@@ -1,5 +1,4 @@
 import pytest
-
 from omni_core.bench.records import RequestRecord
 from omni_core.bench.summary import percentiles, playback_underrun, summarize
 
