@@ -125,6 +125,8 @@ async def _run(config: BenchConfig, reporter: Reporter | None) -> dict:
 async def _first_model(client: httpx.AsyncClient) -> str:
     try:
         response = await client.get("/v1/models")
+        if response.status_code == 401:
+            raise BenchError(f"{str(client.base_url).rstrip('/')} wants an API key: pass --api-key or set OMNI_API_KEY")
         response.raise_for_status()
         return response.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -17,6 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.core.serve.server import ServerProcess, install_testfamily
 
+API_KEY = "bench-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 SPEECH = "/v1/audio/speech"
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 CHAT = "/v1/chat/completions"
@@ -25,10 +28,10 @@ CHAT = "/v1/chat/completions"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """Two running and two queued, so that eight concurrent requests meet 429s; 5 ms per tts step,
-    so that streams arrive in several chunks."""
+    so that streams arrive in several chunks; a key, which the benchmark takes from OMNI_API_KEY."""
     workdir = tmp_path_factory.mktemp("bench-server")
     site = install_testfamily(workdir / "site")
-    process = ServerProcess(site, workdir, "--max-running", "2", "--max-queued", "2", step_ms=5)
+    process = ServerProcess(site, workdir, "--max-running", "2", "--max-queued", "2", "--api-key", API_KEY, step_ms=5)
     try:
         yield process.wait_ready().url
     finally:
@@ -48,7 +51,7 @@ def short_prompts(tmp_path_factory):
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=10).text
     values = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -73,12 +76,17 @@ def statuses(before: dict, after: dict, endpoint: str) -> dict[str, int]:
     return seen
 
 
+def run_bench(url: str, *args: str, api_key: str | None = API_KEY) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "OMNI_API_KEY"}
+    if api_key:
+        env["OMNI_API_KEY"] = api_key
+    return subprocess.run([sys.executable, "-m", "omni_core.cli", "bench", "serve", "--base-url", url, *args],
+                          capture_output=True, text=True, timeout=120, env={**env, "COLUMNS": "200"})
+
+
 def bench(url: str, tmp_path, *args: str) -> dict:
     out = tmp_path / "result.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "omni_core.cli", "bench", "serve", "--base-url", url, "--json", str(out), *args],
-        capture_output=True, text=True, timeout=120,
-    )
+    result = run_bench(url, "--json", str(out), *args)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "omni bench" in result.stdout  # the table was printed
     return json.loads(out.read_text())
@@ -104,8 +112,8 @@ def check_level_numbers(level: dict) -> None:
 
 
 def server_sample_rate(url: str) -> int:
-    voice = httpx.get(f"{url}/v1/audio/voices", timeout=10).json()["data"][0]["id"]
-    response = httpx.post(f"{url}{SPEECH}", timeout=60,
+    voice = httpx.get(f"{url}/v1/audio/voices", headers=AUTH, timeout=10).json()["data"][0]["id"]
+    response = httpx.post(f"{url}{SPEECH}", headers=AUTH, timeout=60,
                           json={"model": "testfamily", "input": "rate", "voice": voice, "response_format": "wav"})
     response.raise_for_status()
     return soundfile.info(io.BytesIO(response.content)).samplerate
@@ -184,3 +192,9 @@ def test_streamed_chat_and_bad_requests_by_status(server, tmp_path):
     assert bad_voice["levels"][0]["errors"] == {"400": 5}
     assert totals(bad_voice) == statuses(before, after, SPEECH) == {"400": 5}
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
+
+
+def test_a_missing_key_is_named(server):
+    result = run_bench(server, "--num-requests", "1", api_key=None)
+    assert result.returncode == 2
+    assert "wants an API key: pass --api-key or set OMNI_API_KEY" in result.stdout
