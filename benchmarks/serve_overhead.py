@@ -3,7 +3,7 @@
 
     python benchmarks/serve_overhead.py [--family cosyvoice3] [--preset tiny] [--requests 8]
 
-For each of N sentences (one request at a time, after a warm-up):
+For each of N sentences (one request at a time, after a warm-up; offline and HTTP interleaved):
 - offline: ``Omni.speech(stream=True)`` (time to the first chunk, time to the last) and
   ``Omni.speech()`` (whole audio);
 - http: ``omni serve`` on 127.0.0.1 as a subprocess; ``stream_format="audio"`` pcm (time to the
@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 
 import httpx
 
@@ -46,66 +47,111 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def offline(family: str, preset: str, sentences: list[str], voice: str | None) -> dict[str, list[float]]:
-    from omni_core import Omni
-
-    times: dict[str, list[float]] = {"first": [], "last": [], "whole": [], "samples": []}
-    with Omni(family, preset=preset) as omni:
-        voice = voice or (omni.builtin_voices()[0].id if omni.builtin_voices() else None)
-        omni.speech("Warm up.", voice=voice)
-        for text in sentences:
-            start = time.perf_counter()
-            first = None
-            for _chunk in omni.speech(text, voice=voice, seed=SEED, stream=True):
-                first = first or time.perf_counter()
-            times["first"].append(first - start)
-            times["last"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            result = omni.speech(text, voice=voice, seed=SEED)
-            times["whole"].append(time.perf_counter() - start)
-            times["samples"].append(len(result.audio))
-    return times
-
-
-def http(family: str, preset: str, sentences: list[str], voice: str | None) -> dict[str, list[float]]:
+def start_server(family: str, preset: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "omni_core.cli", "serve", "--family", family, "--preset", preset, "--port", str(port),
-         "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "omni_core.cli",
+            "serve",
+            "--family",
+            family,
+            "--preset",
+            preset,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    times: dict[str, list[float]] = {"first": [], "last": [], "whole": [], "samples": []}
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    server.kill()
+    raise RuntimeError("omni serve did not become ready")
+
+
+def offline_streamed(omni, text: str, voice: str | None) -> tuple[float, float]:
+    start = time.perf_counter()
+    first = None
+    for _chunk in omni.speech(text, voice=voice, seed=SEED, stream=True):
+        first = first or time.perf_counter()
+    return first - start, time.perf_counter() - start
+
+
+def offline_whole(omni, text: str, voice: str | None) -> tuple[float, int]:
+    start = time.perf_counter()
+    result = omni.speech(text, voice=voice, seed=SEED)
+    return time.perf_counter() - start, len(result.audio)
+
+
+def http_streamed(client: httpx.Client, url: str, body: dict) -> tuple[float, float]:
+    start = time.perf_counter()
+    first = None
+    with client.stream(
+        "POST", f"{url}/v1/audio/speech", json={**body, "response_format": "pcm", "stream_format": "audio"}
+    ) as r:
+        r.raise_for_status()
+        for chunk in r.iter_bytes():
+            if chunk and first is None:
+                first = time.perf_counter()
+    return first - start, time.perf_counter() - start
+
+
+def http_whole(client: httpx.Client, url: str, body: dict) -> tuple[float, int]:
+    start = time.perf_counter()
+    r = client.post(f"{url}/v1/audio/speech", json={**body, "response_format": "pcm"})
+    r.raise_for_status()
+    return time.perf_counter() - start, len(r.content) // 2
+
+
+def measure(
+    family: str, preset: str, sentences: list[str], voice: str | None
+) -> dict[str, dict[str, list[float]]]:
+    """Offline and HTTP requests interleaved, so that load drifts hit both sides alike."""
+    from omni_core import Omni
+
+    times = {side: {"first": [], "last": [], "whole": [], "samples": []} for side in ("offline", "http")}
+    server, url = start_server(family, preset)
     try:
-        with httpx.Client(timeout=300) as client:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                try:
-                    if client.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
-            voices = client.get(f"{url}/v1/audio/voices").json()["data"]
-            voice = voice or (voices[0]["id"] if voices else None)
-            body = {"model": family, "voice": voice, "seed": SEED}
-            client.post(f"{url}/v1/audio/speech", json={**body, "input": "Warm up."}).raise_for_status()
+        with Omni(family, preset=preset) as omni, httpx.Client(timeout=300) as client:
+            voice = voice or (omni.builtin_voices()[0].id if omni.builtin_voices() else None)
+            omni.speech("Warm up.", voice=voice)
+            client.post(
+                f"{url}/v1/audio/speech", json={"model": family, "voice": voice, "input": "Warm up."}
+            ).raise_for_status()
             for text in sentences:
-                start = time.perf_counter()
-                first = None
-                payload = {**body, "input": text, "response_format": "pcm", "stream_format": "audio"}
-                with client.stream("POST", f"{url}/v1/audio/speech", json=payload) as r:
-                    r.raise_for_status()
-                    for chunk in r.iter_bytes():
-                        if chunk and first is None:
-                            first = time.perf_counter()
-                times["first"].append(first - start)
-                times["last"].append(time.perf_counter() - start)
-                start = time.perf_counter()
-                whole = client.post(f"{url}/v1/audio/speech", json={**body, "input": text, "response_format": "pcm"})
-                whole.raise_for_status()
-                times["whole"].append(time.perf_counter() - start)
-                times["samples"].append(len(whole.content) // 2)
+                body = {"model": family, "voice": voice, "seed": SEED, "input": text}
+                for side, streamed, whole in (
+                    (
+                        "offline",
+                        partial(offline_streamed, omni, text, voice),
+                        partial(offline_whole, omni, text, voice),
+                    ),
+                    (
+                        "http",
+                        partial(http_streamed, client, url, body),
+                        partial(http_whole, client, url, body),
+                    ),
+                ):
+                    first, last = streamed()
+                    seconds, samples = whole()
+                    for key, value in (
+                        ("first", first),
+                        ("last", last),
+                        ("whole", seconds),
+                        ("samples", samples),
+                    ):
+                        times[side][key].append(value)
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -120,17 +166,27 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     args = parser.parse_args()
     sentences = (SENTENCES * (args.requests // len(SENTENCES) + 1))[: args.requests]
-    off = offline(args.family, args.preset, sentences, args.voice)
-    net = http(args.family, args.preset, sentences, args.voice)
-    med = {side: {k: statistics.median(v) * 1000 for k, v in times.items() if k != "samples"}
-           for side, times in (("offline", off), ("http", net))}
-    print(f"{args.family} --preset {args.preset}, {args.requests} requests one at a time; "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads default")
+    times = measure(args.family, args.preset, sentences, args.voice)
+    off, net = times["offline"], times["http"]
+    med = {
+        side: {k: statistics.median(v) * 1000 for k, v in times.items() if k != "samples"}
+        for side, times in (("offline", off), ("http", net))
+    }
+    print(
+        f"{args.family} --preset {args.preset}, {args.requests} requests one at a time; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads default"
+    )
     print("| median ms | offline Omni | omni serve (HTTP) | http / offline |")
     print("| --- | --- | --- | --- |")
-    labels = {"first": "first audio (streamed)", "last": "last audio (streamed)", "whole": "whole audio (not streamed)"}
+    labels = {
+        "first": "first audio (streamed)",
+        "last": "last audio (streamed)",
+        "whole": "whole audio (not streamed)",
+    }
     for key, label in labels.items():
-        print(f"| {label} | {med['offline'][key]:.0f} | {med['http'][key]:.0f} | {med['http'][key] / med['offline'][key]:.2f} |")
+        print(
+            f"| {label} | {med['offline'][key]:.0f} | {med['http'][key]:.0f} | {med['http'][key] / med['offline'][key]:.2f} |"
+        )
     print(f"audio samples in total: offline {sum(off['samples'])}, http {sum(net['samples'])}")
     for side in ("offline", "http"):
         print(f"{side}: first audio / whole audio = {med[side]['first'] / med[side]['whole']:.2f}")

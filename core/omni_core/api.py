@@ -13,59 +13,18 @@ The HTTP server is a thin layer over the same object: it builds the same entry p
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from omni_core.hooks import FamilySpec, Voice, get_plugin_manager
 from omni_core.serve import inputs as build
+from omni_core.serve.checkpoints import CheckpointNotFound, resolve_checkpoint
 from omni_core.serve.exceptions import InvalidInput
 from omni_core.serve.inputs import Limits, load_audio
 from omni_core.serve.voices_store import VoiceStore
-
-
-class CheckpointNotFound(RuntimeError):
-    """No checkpoint given and the family's default one is neither cached nor downloadable."""
-
-
-def resolve_checkpoint(
-    spec: FamilySpec, model: str | None = None, preset: str | None = None, cache_dir: str | None = None
-) -> str:
-    """A local checkpoint directory for ``model`` (a path or a Hugging Face id), a ``preset``,
-    or, with neither, the family's default checkpoint (Hugging Face cache first)."""
-    if model and preset:
-        raise ValueError("give either model or preset, not both")
-    if preset:
-        if preset not in spec.presets:
-            raise ValueError(f"family {spec.name!r} has no preset {preset!r}; presets: {sorted(spec.presets) or 'none'}")
-        root = Path(cache_dir or os.environ.get("OMNI_CACHE", Path.home() / ".cache" / "omni"))
-        target = root / "presets" / spec.name / preset
-        target.mkdir(parents=True, exist_ok=True)
-        return str(spec.presets[preset](str(target)))
-    if model and Path(model).expanduser().is_dir():
-        return str(Path(model).expanduser().resolve())
-    repo = model or spec.default_checkpoint
-    if not repo:
-        raise CheckpointNotFound(f"family {spec.name!r} has no default checkpoint: pass --model PATH or --preset tiny")
-    if Path(repo).expanduser().is_dir():  # a family may ship its default checkpoint in a wheel
-        return str(Path(repo).expanduser().resolve())
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(repo, local_files_only=True, cache_dir=cache_dir)
-    except Exception:
-        pass
-    try:
-        return snapshot_download(repo, cache_dir=cache_dir)
-    except Exception as exc:
-        raise CheckpointNotFound(
-            f"checkpoint {repo!r} is not cached and could not be downloaded ({type(exc).__name__}); "
-            f"pass --model PATH_TO_CHECKPOINT, or --preset tiny for random weights"
-        ) from None
 
 
 @dataclass
@@ -98,6 +57,17 @@ class ChatDelta:
 
     text: str = ""
     audio: np.ndarray | None = None
+
+
+__all__ = [
+    "ChatDelta",
+    "ChatResult",
+    "CheckpointNotFound",
+    "Omni",
+    "SpeechResult",
+    "TranscriptionResult",
+    "resolve_checkpoint",
+]
 
 
 def to_numpy(audio: Any) -> np.ndarray:
@@ -141,7 +111,11 @@ class Omni:
         from omni_core.pipeline import Pipeline
 
         self.pipeline = Pipeline(
-            topology, stage_mode=stage_mode, device=self.device, plugin_manager=self.plugin_manager, rebuild=rebuild
+            topology,
+            stage_mode=stage_mode,
+            device=self.device,
+            plugin_manager=self.plugin_manager,
+            rebuild=rebuild,
         )
         names = ", ".join(stage.name for stage in topology.stages)
         say(f"starting {len(topology.stages)} stages on {self.device} ({stage_mode}): {names}")
@@ -175,7 +149,9 @@ class Omni:
     def builtin_voices(self) -> list[Voice]:
         return list(self._builtin_voices)
 
-    def resolve_voice(self, voice: str | None, param: str = "voice") -> tuple[str | None, tuple | None, str | None]:
+    def resolve_voice(
+        self, voice: str | None, param: str = "voice"
+    ) -> tuple[str | None, tuple | None, str | None]:
         """``(built-in voice id, reference (samples, rate), reference text)`` for a voice name."""
         if voice is None:
             return None, None, None
@@ -185,13 +161,19 @@ class Omni:
         saved = self.voice_store.find(voice) if self.voice_store else None
         if saved is not None:
             return None, self.voice_store.load_audio(saved), saved.text
-        known = [v.id for v in self._builtin_voices] + [v.name for v in (self.voice_store.list() if self.voice_store else [])]
-        raise InvalidInput(f"unknown voice {voice!r}; available: {', '.join(known) or 'none'}", param, code="unknown_voice")
+        known = [v.id for v in self._builtin_voices] + [
+            v.name for v in (self.voice_store.list() if self.voice_store else [])
+        ]
+        raise InvalidInput(
+            f"unknown voice {voice!r}; available: {', '.join(known) or 'none'}", param, code="unknown_voice"
+        )
 
     def _require(self, task: str) -> None:
         if task not in self.spec.tasks:
             raise InvalidInput(
-                f"family {self.family!r} does not do {task}; it does {', '.join(self.spec.tasks)}", "model", "unsupported_task"
+                f"family {self.family!r} does not do {task}; it does {', '.join(self.spec.tasks)}",
+                "model",
+                "unsupported_task",
             )
 
     # -- payloads (shared with the HTTP server) ---------------------------------------------------
@@ -261,7 +243,9 @@ class Omni:
         sampling: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         self._require("chat")
-        voice_id, reference, reference_text = self.resolve_voice(voice) if "audio" in modalities else (None, None, None)
+        voice_id, reference, reference_text = (
+            self.resolve_voice(voice) if "audio" in modalities else (None, None, None)
+        )
         return build.chat_inputs(
             messages,
             target_rate=self.spec.input_sample_rate,
@@ -349,7 +333,9 @@ class Omni:
         """Reply to OpenAI-style ``messages`` (text, ``input_audio``, ``image_url`` parts, or
         ``{"type": "audio", "audio": samples, "sample_rate": sr}``). Returns a ``ChatResult``, or
         with ``stream=True`` an iterator of ``ChatDelta``."""
-        handle = self.submit(self.chat_inputs(messages, modalities=modalities, voice=voice, sampling=sampling))
+        handle = self.submit(
+            self.chat_inputs(messages, modalities=modalities, voice=voice, sampling=sampling)
+        )
         if stream:
             return self._chat_deltas(handle, {})
         final: dict[str, Any] = {}
@@ -357,7 +343,9 @@ class Omni:
         audio_parts = [d.audio for d in deltas if d.audio is not None]
         audio = np.concatenate(audio_parts) if audio_parts else None
         text = final.get("text") or "".join(d.text for d in deltas)
-        return ChatResult(text, audio, self.sample_rate if audio is not None else None, dict(final.get("usage") or {}))
+        return ChatResult(
+            text, audio, self.sample_rate if audio is not None else None, dict(final.get("usage") or {})
+        )
 
     def _chat_deltas(self, handle, final: dict) -> Iterator[ChatDelta]:
         try:

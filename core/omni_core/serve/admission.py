@@ -76,4 +76,6 @@ class Admission:
 
 
 def draining_error() -> APIError:
-    return APIError(503, "the server is shutting down", type="server_error", code="draining", headers={"Retry-After": "5"})
+    return APIError(
+        503, "the server is shutting down", type="server_error", code="draining", headers={"Retry-After": "5"}
+    )

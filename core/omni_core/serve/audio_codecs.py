@@ -41,7 +41,9 @@ def check_output_format(fmt: str, param: str = "response_format") -> str:
     if fmt not in CONTENT_TYPES:
         raise InvalidInput(f"unsupported {param} {fmt!r}; choose one of {sorted(CONTENT_TYPES)}", param)
     if fmt == "aac":
-        raise InvalidInput("aac output needs an encoder this server does not have; use mp3, opus, flac, wav or pcm", param)
+        raise InvalidInput(
+            "aac output needs an encoder this server does not have; use mp3, opus, flac, wav or pcm", param
+        )
     if fmt in _SNDFILE:
         container, subtype = _SNDFILE[fmt]
         if subtype not in sf.available_subtypes(container):
@@ -85,7 +87,9 @@ def decode_base64(value: str, param: str) -> bytes:
     match = _DATA_URL.match(value)
     payload = match.group("data") if match else value
     if not match and value.startswith(("http://", "https://")):
-        raise InvalidInput(f"{param}: remote URLs are not fetched; send the bytes as base64 or a data URL", param)
+        raise InvalidInput(
+            f"{param}: remote URLs are not fetched; send the bytes as base64 or a data URL", param
+        )
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
@@ -106,7 +110,16 @@ def _wav_stream_header(rate: int) -> bytes:
     # Sizes are unknown while streaming; 0xFFFFFFFF is what players accept for "until the end".
     unknown = 0xFFFFFFFF
     fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
-    return b"RIFF" + struct.pack("<I", unknown) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", unknown)
+    return (
+        b"RIFF"
+        + struct.pack("<I", unknown)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", 16)
+        + fmt
+        + b"data"
+        + struct.pack("<I", unknown)
+    )
 
 
 class StreamEncoder:
@@ -122,7 +135,9 @@ class StreamEncoder:
         self.rate = rate
         if fmt == "opus" and rate not in _OPUS_RATES:
             self.rate = 48000
-        self._resampler = soxr.ResampleStream(rate, self.rate, 1, dtype="float32") if self.rate != rate else None
+        self._resampler = (
+            soxr.ResampleStream(rate, self.rate, 1, dtype="float32") if self.rate != rate else None
+        )
         self._resampler_flushed = False
         self._header_sent = False
         self._buffer: io.BytesIO | None = None

@@ -57,7 +57,11 @@ async def create_chat_completion(body: ChatRequest, request: Request):
             omni.chat_inputs, messages, modalities=body.modalities, voice=voice, sampling=body.sampling()
         )
         handle = slot.track(omni.submit(inputs))
-        reply = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.config.served_model_name}
+        reply = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": state.config.served_model_name,
+        }
         if not body.stream:
             events = await collect(request, handle)
             return JSONResponse(await _complete(omni, reply, events, wants_audio, fmt))
@@ -95,7 +99,13 @@ async def _complete(omni, reply: dict, events, wants_audio: bool, fmt: str) -> d
 
 
 def _chunk(reply: dict, delta: dict, finish: str | None = None) -> bytes:
-    return sse({**reply, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    return sse(
+        {
+            **reply,
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+    )
 
 
 async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, rate: int, body: ChatRequest):
@@ -112,7 +122,11 @@ async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, 
                 if event.end:
                     final = payload
                 elif payload.get("text"):
-                    delta = {"audio": {"id": audio_id, "transcript": payload["text"]}} if wants_audio else {"content": payload["text"]}
+                    delta = (
+                        {"audio": {"id": audio_id, "transcript": payload["text"]}}
+                        if wants_audio
+                        else {"content": payload["text"]}
+                    )
                     yield _chunk(reply, delta)
             elif event.name == "audio" and encoder is not None and "audio" in payload:
                 data = encoder.feed(to_numpy(payload["audio"]))

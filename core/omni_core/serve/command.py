@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
-from pathlib import Path
 
 import click
 
@@ -42,10 +40,14 @@ def _run_server(app, state, host: str, port: int, log_level: str, grace_s: float
 
         async def _drain(self):
             aborted = await state.drain(grace_s)
-            logging.getLogger("omni.serve").info("drained; %d request(s) aborted after the grace period", aborted)
+            logging.getLogger("omni.serve").info(
+                "drained; %d request(s) aborted after the grace period", aborted
+            )
             self.should_exit = True
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5
+    )
     server = DrainingServer(config)
     app.state.uvicorn_server = server
     server.run()
@@ -54,28 +56,93 @@ def _run_server(app, state, host: str, port: int, log_level: str, grace_s: float
 
 @click.command("serve")
 @click.option("--family", required=True, help="Model family to serve (see `omni plugins list`).")
-@click.option("--model", default=None, help="Checkpoint directory or Hugging Face id (default: the family's official one).")
-@click.option("--preset", default=None, help="Named preset instead of a checkpoint, e.g. 'tiny' (random weights: noise).")
+@click.option(
+    "--model",
+    default=None,
+    help="Checkpoint directory or Hugging Face id (default: the family's official one).",
+)
+@click.option(
+    "--preset",
+    default=None,
+    help="Named preset instead of a checkpoint, e.g. 'tiny' (random weights: noise).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, xpu, mlx, or a plugin's platform.")
-@click.option("--api-key", envvar="OMNI_API_KEY", default=None, help="Require 'Authorization: Bearer KEY' on /v1 (env OMNI_API_KEY).")
-@click.option("--max-running", default=16, show_default=True, type=click.IntRange(min=1), help="Requests processed at once.")
-@click.option("--max-queued", default=64, show_default=True, type=click.IntRange(min=0), help="Requests waiting; beyond: 429.")
+@click.option(
+    "--device", default="auto", show_default=True, help="auto, cpu, cuda, xpu, mlx, or a plugin's platform."
+)
+@click.option(
+    "--api-key",
+    envvar="OMNI_API_KEY",
+    default=None,
+    help="Require 'Authorization: Bearer KEY' on /v1 (env OMNI_API_KEY).",
+)
+@click.option(
+    "--max-running",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Requests processed at once.",
+)
+@click.option(
+    "--max-queued",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Requests waiting; beyond: 429.",
+)
 @click.option("--stage-mode", type=click.Choice(["inproc", "process"]), default="inproc", show_default=True)
-@click.option("--voices-dir", default=None, type=click.Path(file_okay=False), help="Where saved voices live (default: under the omni cache).")
-@click.option("--served-model-name", default=None, help="The `model` clients send and /v1/models lists (default: the family name).")
+@click.option(
+    "--voices-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where saved voices live (default: under the omni cache).",
+)
+@click.option(
+    "--served-model-name",
+    default=None,
+    help="The `model` clients send and /v1/models lists (default: the family name).",
+)
 @click.option("--max-input-chars", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-upload-mb", default=25.0, show_default=True, type=click.FloatRange(min=0.001))
 @click.option("--max-audio-seconds", default=600.0, show_default=True, type=click.FloatRange(min=0.1))
-@click.option("--drain-seconds", default=30.0, show_default=True, type=click.FloatRange(min=0), help="Grace period for in-flight requests on SIGTERM.")
-@click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False))
-def serve(family, model, preset, host, port, device, api_key, max_running, max_queued, stage_mode, voices_dir,
-          served_model_name, max_input_chars, max_upload_mb, max_audio_seconds, drain_seconds, log_level):
+@click.option(
+    "--drain-seconds",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Grace period for in-flight requests on SIGTERM.",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
+)
+def serve(
+    family,
+    model,
+    preset,
+    host,
+    port,
+    device,
+    api_key,
+    max_running,
+    max_queued,
+    stage_mode,
+    voices_dir,
+    served_model_name,
+    max_input_chars,
+    max_upload_mb,
+    max_audio_seconds,
+    drain_seconds,
+    log_level,
+):
     """Serve a model family behind an OpenAI-compatible HTTP API."""
-    from omni_core.api import CheckpointNotFound, Omni, resolve_checkpoint
+    from omni_core.api import Omni
     from omni_core.hooks import UnknownNameError, get_plugin_manager
     from omni_core.serve.app import create_app
+    from omni_core.serve.checkpoints import CheckpointNotFound, cache_root, resolve_checkpoint
     from omni_core.serve.inputs import Limits
     from omni_core.serve.state import ServeConfig
 
@@ -97,15 +164,16 @@ def serve(family, model, preset, host, port, device, api_key, max_running, max_q
         click.echo(f"omni serve: {exc}", err=True)
         sys.exit(2)
     console.log(f"{family}: checkpoint {checkpoint}")
-    cache = Path(os.environ.get("OMNI_CACHE", Path.home() / ".cache" / "omni"))
-    voices_dir = voices_dir or str(cache / "voices" / spec.name)
+    voices_dir = voices_dir or str(cache_root() / "voices" / spec.name)
     config = ServeConfig(
         family=spec.name,
         served_model_name=served_model_name or spec.name,
         api_key=api_key or None,
         max_running=max_running,
         max_queued=max_queued,
-        limits=Limits(max_input_chars=max_input_chars, max_upload_mb=max_upload_mb, max_audio_seconds=max_audio_seconds),
+        limits=Limits(
+            max_input_chars=max_input_chars, max_upload_mb=max_upload_mb, max_audio_seconds=max_audio_seconds
+        ),
         drain_grace_s=drain_seconds,
     )
 

@@ -46,7 +46,10 @@ class APIError(Exception):
 
 def unknown_model(name: str, served: str) -> APIError:
     return APIError(
-        404, f"The model {name!r} does not exist; this server serves {served!r}.", param="model", code="model_not_found"
+        404,
+        f"The model {name!r} does not exist; this server serves {served!r}.",
+        param="model",
+        code="model_not_found",
     )
 
 

@@ -34,7 +34,13 @@ async def list_models(request: Request):
 async def get_model(model_id: str, request: Request):
     state = request.app.state.omni_state
     if model_id != state.config.served_model_name:
-        raise APIError(404, f"The model {model_id!r} does not exist", type="not_found_error", param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"The model {model_id!r} does not exist",
+            type="not_found_error",
+            param="model",
+            code="model_not_found",
+        )
     return _model_card(state)
 
 

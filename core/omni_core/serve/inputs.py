@@ -52,7 +52,8 @@ def check_duration(samples: np.ndarray, rate: int, limits: Limits, param: str) -
     seconds = len(samples) / rate
     if seconds > limits.max_audio_seconds:
         raise InputTooLarge(
-            f"{param} is {seconds:.1f} s long; this server accepts at most {limits.max_audio_seconds:g} s", param
+            f"{param} is {seconds:.1f} s long; this server accepts at most {limits.max_audio_seconds:g} s",
+            param,
         )
 
 
@@ -60,7 +61,9 @@ def check_text(text: str, limits: Limits, param: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise InvalidInput(f"{param} must be a non-empty string", param)
     if len(text) > limits.max_input_chars:
-        raise InputTooLarge(f"{param} has {len(text)} characters; the limit is {limits.max_input_chars}", param)
+        raise InputTooLarge(
+            f"{param} has {len(text)} characters; the limit is {limits.max_input_chars}", param
+        )
     return text
 
 
@@ -141,7 +144,9 @@ def _chat_part(part: Any, where: str, target_rate: int | None, limits: Limits) -
         data = spec.get("data") if isinstance(spec, dict) else None
         if not isinstance(data, str):
             raise InvalidInput(f"{where}.input_audio.data must be base64 audio", f"{where}.input_audio.data")
-        samples, rate = load_audio(decode_base64(data, f"{where}.input_audio.data"), None, f"{where}.input_audio")
+        samples, rate = load_audio(
+            decode_base64(data, f"{where}.input_audio.data"), None, f"{where}.input_audio"
+        )
         check_duration(samples, rate, limits, f"{where}.input_audio")
         return {"type": "audio", "audio": _tensor(resample(samples, rate, target_rate))}
     if kind == "audio":  # offline API: samples (or a path / bytes) given directly
@@ -180,20 +185,30 @@ def chat_inputs(
     for i, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
         if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise InvalidInput(f"messages[{i}].role must be system, developer, user, assistant or tool", f"messages[{i}].role")
+            raise InvalidInput(
+                f"messages[{i}].role must be system, developer, user, assistant or tool",
+                f"messages[{i}].role",
+            )
         content = message.get("content")
         if content is None:
             parts = []
         elif isinstance(content, str):
             parts = [{"type": "text", "text": content}]
         elif isinstance(content, list):
-            parts = [_chat_part(p, f"messages[{i}].content[{j}]", target_rate, limits) for j, p in enumerate(content)]
+            parts = [
+                _chat_part(p, f"messages[{i}].content[{j}]", target_rate, limits)
+                for j, p in enumerate(content)
+            ]
         else:
-            raise InvalidInput(f"messages[{i}].content must be a string or a list of parts", f"messages[{i}].content")
+            raise InvalidInput(
+                f"messages[{i}].content must be a string or a list of parts", f"messages[{i}].content"
+            )
         chars += sum(len(p["text"]) for p in parts if p["type"] == "text")
         converted.append({"role": role, "content": parts})
     if chars > limits.max_input_chars * 8:
-        raise InputTooLarge(f"messages hold {chars} characters of text; the limit is {limits.max_input_chars * 8}", "messages")
+        raise InputTooLarge(
+            f"messages hold {chars} characters of text; the limit is {limits.max_input_chars * 8}", "messages"
+        )
     if any(m not in ("text", "audio") for m in modalities) or "text" not in modalities:
         raise InvalidInput('modalities must be ["text"] or ["text", "audio"]', "modalities")
     inputs: dict[str, Any] = {

@@ -40,9 +40,13 @@ class _StageCollector:
         self.stats = stats
 
     def collect(self):
-        kv = GaugeMetricFamily("omni_kv_cache_usage", "Fraction of KV-cache blocks in use, per AR stage", labels=["stage"])
+        kv = GaugeMetricFamily(
+            "omni_kv_cache_usage", "Fraction of KV-cache blocks in use, per AR stage", labels=["stage"]
+        )
         queue = GaugeMetricFamily("omni_stage_queue_depth", "Messages waiting in a stage", labels=["stage"])
-        running = GaugeMetricFamily("omni_stage_requests", "Requests holding state in a stage", labels=["stage"])
+        running = GaugeMetricFamily(
+            "omni_stage_requests", "Requests holding state in a stage", labels=["stage"]
+        )
         try:
             stats = self.stats() or {}
         except Exception:
@@ -63,9 +67,15 @@ class ServerMetrics:
     def __init__(self, admission, runtime_stats: Callable[[], dict]):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("omni_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r)
+        self.requests = Counter(
+            "omni_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
         self.latency = Histogram(
-            "omni_request_duration_seconds", "Time from request to last byte", ["endpoint"], buckets=LATENCY_BUCKETS, registry=r
+            "omni_request_duration_seconds",
+            "Time from request to last byte",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.first_audio = Histogram(
             "omni_time_to_first_audio_seconds",
@@ -75,12 +85,24 @@ class ServerMetrics:
             registry=r,
         )
         self.rtf = Histogram(
-            "omni_real_time_factor", "Processing time divided by audio duration", ["endpoint"], buckets=RTF_BUCKETS, registry=r
+            "omni_real_time_factor",
+            "Processing time divided by audio duration",
+            ["endpoint"],
+            buckets=RTF_BUCKETS,
+            registry=r,
         )
-        self.audio_seconds = Counter("omni_audio_seconds", "Seconds of audio produced or consumed", ["endpoint"], registry=r)
-        self.aborted = Counter("omni_requests_aborted", "Requests aborted (client gone or shutdown)", ["endpoint"], registry=r)
-        Gauge("omni_running_requests", "Requests admitted and running", registry=r).set_function(lambda: admission.running)
-        Gauge("omni_queue_depth", "Requests waiting for a running slot", registry=r).set_function(lambda: admission.queued)
+        self.audio_seconds = Counter(
+            "omni_audio_seconds", "Seconds of audio produced or consumed", ["endpoint"], registry=r
+        )
+        self.aborted = Counter(
+            "omni_requests_aborted", "Requests aborted (client gone or shutdown)", ["endpoint"], registry=r
+        )
+        Gauge("omni_running_requests", "Requests admitted and running", registry=r).set_function(
+            lambda: admission.running
+        )
+        Gauge("omni_queue_depth", "Requests waiting for a running slot", registry=r).set_function(
+            lambda: admission.queued
+        )
         r.register(_StageCollector(runtime_stats))
 
     def render(self) -> bytes:

@@ -48,7 +48,12 @@ async def create_speech(body: SpeechRequest, request: Request):
     state.check_model(body.model)
     fmt = check_output_format(body.response_format)
     if body.voice_name() is None and body.reference_audio is None:
-        raise APIError(400, "voice is required unless reference_audio is given", param="voice", code="missing_required_parameter")
+        raise APIError(
+            400,
+            "voice is required unless reference_audio is given",
+            param="voice",
+            code="missing_required_parameter",
+        )
     if body.reference_text is not None and body.reference_audio is None:
         raise APIError(400, "reference_text needs reference_audio", param="reference_text")
     reference = decode_base64(body.reference_audio, "reference_audio") if body.reference_audio else None
@@ -71,7 +76,9 @@ async def create_speech(body: SpeechRequest, request: Request):
         rate = omni.sample_rate
         if body.stream_format is None:
             events = await collect(request, handle)
-            parts = [to_numpy(e.payload["audio"]) for e in events if e.name == "audio" and "audio" in e.payload]
+            parts = [
+                to_numpy(e.payload["audio"]) for e in events if e.name == "audio" and "audio" in e.payload
+            ]
             audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
             _observe(state, slot.started, None, len(audio) / rate)
             content = await asyncio.to_thread(encode_audio, audio, rate, fmt)

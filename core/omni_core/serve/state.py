@@ -84,7 +84,11 @@ class ServerState:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+            raise APIError(
+                401,
+                "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+            )
 
     def check_model(self, name: str | None) -> None:
         if not name:
@@ -96,7 +100,11 @@ class ServerState:
         if self.admission.draining:
             raise draining_error()
         if self.omni is None:
-            message = f"model failed to load: {self.load_error}" if self.load_error else "the model is still loading"
+            message = (
+                f"model failed to load: {self.load_error}"
+                if self.load_error
+                else "the model is still loading"
+            )
             raise APIError(503, message, type="server_error", code="not_ready", headers={"Retry-After": "5"})
         return self.omni
 

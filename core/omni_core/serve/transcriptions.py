@@ -33,7 +33,12 @@ async def read_upload(request: Request, max_mb: float) -> tuple[object, bytes]:
     limit = int(max_mb * 1024 * 1024)
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:
-        raise APIError(413, f"upload is {int(declared)} bytes; the limit is {max_mb:g} MB", param="file", code="too_large")
+        raise APIError(
+            413,
+            f"upload is {int(declared)} bytes; the limit is {max_mb:g} MB",
+            param="file",
+            code="too_large",
+        )
     try:
         form = await request.form(max_files=1, max_fields=64)
     except Exception as exc:
@@ -41,7 +46,9 @@ async def read_upload(request: Request, max_mb: float) -> tuple[object, bytes]:
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         await form.close()
-        raise APIError(400, "file is required (multipart field 'file')", param="file", code="missing_required_parameter")
+        raise APIError(
+            400, "file is required (multipart field 'file')", param="file", code="missing_required_parameter"
+        )
     data = await upload.read(limit + 1)
     await form.close()
     if len(data) > limit:
@@ -66,14 +73,24 @@ async def create_transcription(request: Request):
     state.check_model(form.get("model"))
     fmt = form.get("response_format") or "json"
     if fmt not in TRANSCRIPTION_FORMATS:
-        raise APIError(400, f"unsupported response_format {fmt!r}; choose one of {list(TRANSCRIPTION_FORMATS)}", param="response_format")
+        raise APIError(
+            400,
+            f"unsupported response_format {fmt!r}; choose one of {list(TRANSCRIPTION_FORMATS)}",
+            param="response_format",
+        )
     granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
     unknown = [g for g in granularities if g not in ("segment", "word")]
     if unknown:
-        raise APIError(400, f"timestamp_granularities: unknown {unknown}; use segment or word", param="timestamp_granularities")
+        raise APIError(
+            400,
+            f"timestamp_granularities: unknown {unknown}; use segment or word",
+            param="timestamp_granularities",
+        )
     stream = str(form.get("stream") or "").lower() in _TRUE
     if stream and fmt not in ("json", "text"):
-        raise APIError(400, "stream=true returns text deltas: use response_format json or text", param="stream")
+        raise APIError(
+            400, "stream=true returns text deltas: use response_format json or text", param="stream"
+        )
     temperature = _float(form, "temperature", 0.0)
     slot = await state.admit(ENDPOINT)
     streaming = False
@@ -99,7 +116,9 @@ async def create_transcription(request: Request):
     finally:
         if not streaming:
             await slot.release()
-    return SlotStreamingResponse(_sse(state, slot, first, rest, seconds), slot, media_type="text/event-stream")
+    return SlotStreamingResponse(
+        _sse(state, slot, first, rest, seconds), slot, media_type="text/event-stream"
+    )
 
 
 def _observe(state, started: float, seconds: float) -> None:
@@ -121,7 +140,12 @@ def _render(final: dict, fmt: str, granularities: list[str]):
     if final.get("usage"):
         body["usage"] = final["usage"]
     if fmt == "verbose_json":
-        body = {"task": "transcribe", "language": final.get("language"), "duration": final.get("duration"), **body}
+        body = {
+            "task": "transcribe",
+            "language": final.get("language"),
+            "duration": final.get("duration"),
+            **body,
+        }
         if not granularities or "segment" in granularities:
             body["segments"] = [{"id": i, **seg} for i, seg in enumerate(segments)]
         if "word" in granularities:

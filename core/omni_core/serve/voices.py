@@ -42,7 +42,12 @@ async def create_voice(request: Request):
     if not isinstance(name, str) or not name.strip():
         raise APIError(400, "name is required", param="name", code="missing_required_parameter")
     if not isinstance(text, str) or not text.strip():
-        raise APIError(400, "text (the transcript of the reference audio) is required", param="text", code="missing_required_parameter")
+        raise APIError(
+            400,
+            "text (the transcript of the reference audio) is required",
+            param="text",
+            code="missing_required_parameter",
+        )
     samples, rate = await asyncio.to_thread(load_audio, data, None, "file")
     check_duration(samples, rate, state.config.limits, "file")
     reserved = {v.id for v in omni.builtin_voices()} | {v.name for v in omni.builtin_voices()}
@@ -59,5 +64,11 @@ async def delete_voice(voice_id: str, request: Request):
     if any(voice_id == v.id for v in omni.builtin_voices()):
         raise APIError(400, f"{voice_id!r} is a built-in voice and cannot be deleted", param="voice_id")
     if not await asyncio.to_thread(store.delete, voice_id):
-        raise APIError(404, f"no saved voice with id {voice_id!r}", type="not_found_error", param="voice_id", code="voice_not_found")
+        raise APIError(
+            404,
+            f"no saved voice with id {voice_id!r}",
+            type="not_found_error",
+            param="voice_id",
+            code="voice_not_found",
+        )
     return {"id": voice_id, "object": "audio.voice", "deleted": True}

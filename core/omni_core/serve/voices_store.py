@@ -86,9 +86,13 @@ class VoiceStore:
         audio, rate = sf.read(self.dir / f"{voice.id}.wav", dtype="float32")
         return audio, rate
 
-    def save(self, name: str, audio: np.ndarray, rate: int, text: str, reserved: set[str] = frozenset()) -> SavedVoice:
+    def save(
+        self, name: str, audio: np.ndarray, rate: int, text: str, reserved: set[str] = frozenset()
+    ) -> SavedVoice:
         if not _NAME.match(name or ""):
-            raise VoiceStoreError("name must be 1-64 letters, digits, spaces, '.', '_' or '-', starting with a letter or digit")
+            raise VoiceStoreError(
+                "name must be 1-64 letters, digits, spaces, '.', '_' or '-', starting with a letter or digit"
+            )
         with self._lock:
             if name in reserved or self.find(name) is not None:
                 raise VoiceStoreError(f"a voice named {name!r} already exists")
