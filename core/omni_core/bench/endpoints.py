@@ -62,7 +62,7 @@ class RequestSender:
                 record.end = time.perf_counter()
         except httpx.TimeoutException as exc:
             record.fail("timeout", repr(exc), time.perf_counter())
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        except httpx.HTTPError as exc:  # refused, reset, or a body cut short
             record.fail("connect" if isinstance(exc, httpx.ConnectError) else "protocol", repr(exc),
                         time.perf_counter())
         except (SSEError, ValueError, KeyError, TypeError, soundfile.LibsndfileError) as exc:

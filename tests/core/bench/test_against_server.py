@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -26,11 +27,15 @@ CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def site(tmp_path_factory):
+    return install_testfamily(tmp_path_factory.mktemp("bench-site"))
+
+
+@pytest.fixture(scope="module")
+def server(site, tmp_path_factory):
     """Two running and two queued, so that eight concurrent requests meet 429s; 5 ms per tts step,
     so that streams arrive in several chunks; a key, which the benchmark takes from OMNI_API_KEY."""
     workdir = tmp_path_factory.mktemp("bench-server")
-    site = install_testfamily(workdir / "site")
     process = ServerProcess(site, workdir, "--max-running", "2", "--max-queued", "2", "--api-key", API_KEY, step_ms=5)
     try:
         yield process.wait_ready().url
@@ -198,3 +203,28 @@ def test_a_missing_key_is_named(server):
     result = run_bench(server, "--num-requests", "1", api_key=None)
     assert result.returncode == 2
     assert "wants an API key: pass --api-key or set OMNI_API_KEY" in result.stdout
+
+
+def test_a_server_that_dies_mid_run_is_reported_not_fatal(site, tmp_path):
+    doomed = ServerProcess(site, tmp_path, "--api-key", API_KEY, step_ms=20).wait_ready()
+    out = tmp_path / "result.json"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "omni_core.cli", "bench", "serve", "--base-url", doomed.url, "--json", str(out),
+         "--num-requests", "40", "--concurrency", "2", "--api-key", API_KEY],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        # Five responses started: the sample-rate probe, and four streams, of which (two at a
+        # time) the first two have finished.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and counted({}, scrape(doomed.url), "omni_requests_total",
+                                                      endpoint=SPEECH, status="200") < 5:
+            time.sleep(0.1)
+    finally:
+        doomed.kill()
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == 0, output
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["completed"] + level["failed"] == 40
+    assert level["completed"] >= 2 and level["failed"] >= 1
+    assert set(level["errors"]) <= {"connect", "protocol"}
