@@ -77,26 +77,52 @@ class ASRBatcher:
         return failures
 
     def _admit(self) -> list[tuple[str, str]]:
-        failures = []
-        while self.waiting and len(self.rows) < self.max_batch:
+        """Start waiting chunks: encode their audio and prefill their prompts as one batch."""
+        failures: list[tuple[str, str]] = []
+        group: list[ChunkJob] = []
+        while self.waiting and len(self.rows) + len(group) < self.max_batch:
             chunk = self.waiting.popleft()
-            try:
-                audio = self.network.encode(chunk.mel)
-                embeddings = self.network.prompt_embeddings(chunk.prompt_ids, audio)
-                cache = self.decoder.new_cache(1)
-                logits = self.decoder(embeddings, cache)
-                token = int(self._sample(logits, [chunk.job.temperature])[0])
-            except Exception as error:
-                failures.append((chunk.job.request_id, f"cannot start transcription: {error}"))
+            if chunk.mel is None or chunk.mel.shape[1] == 0:
+                failures.append((chunk.job.request_id, "cannot start transcription: empty audio chunk"))
                 self.abort(chunk.job.request_id)
                 continue
-            chunk.mel = None  # features are no longer needed once encoded
-            self.cache.merge(cache)
-            self.rows.append(chunk)
-            self.last_tokens.append(token)
-            if self._accept(chunk, token):
-                self._drop_rows([len(self.rows) - 1])
+            group.append(chunk)
+        group = [chunk for chunk in group if chunk.job.request_id in self.jobs]
+        if not group:
+            return failures
+        try:
+            self._start(group, *self._prefill(group))
+        except Exception:
+            # find the chunk at fault: start the group one chunk at a time
+            for chunk in group:
+                if chunk.job.request_id not in self.jobs:
+                    continue  # its request already failed
+                try:
+                    self._start([chunk], *self._prefill([chunk]))
+                except Exception as error:
+                    failures.append((chunk.job.request_id, f"cannot start transcription: {error}"))
+                    self.abort(chunk.job.request_id)
         return failures
+
+    def _start(self, group: list[ChunkJob], tokens: list[int], cache: BatchKVCache) -> None:
+        """Add prefilled chunks to the running batch and feed them their first token."""
+        self.cache.merge(cache)
+        first = len(self.rows)
+        self.rows.extend(group)
+        self.last_tokens.extend(tokens)
+        finished = []
+        for offset, (chunk, token) in enumerate(zip(group, tokens)):
+            chunk.mel = None  # features are no longer needed once encoded
+            if self._accept(chunk, token):
+                finished.append(first + offset)
+        self._drop_rows(finished)
+
+    def _prefill(self, group: list[ChunkJob]) -> tuple[list[int], BatchKVCache]:
+        audio = self.network.encode_many([chunk.mel for chunk in group])
+        prompts = [self.network.prompt_embeddings(c.prompt_ids, a) for c, a in zip(group, audio)]
+        logits, cache = self.decoder.prefill(prompts)
+        tokens = self._sample(logits, [chunk.job.temperature for chunk in group]).tolist()
+        return tokens, cache
 
     def _decode(self) -> None:
         tokens = mx.array(np.asarray(self.last_tokens, dtype=np.int32))[:, None]

@@ -78,6 +78,18 @@ class Decoder(nn.Module):
     def new_cache(self, batch: int) -> BatchKVCache:
         return BatchKVCache(self.cfg.layers, batch, self.cfg.kv_heads, self.cfg.head_dim)
 
+    def prefill(self, prompts: list[mx.array]) -> tuple[mx.array, BatchKVCache]:
+        """Prompts ([1, n_i, hidden] each) in one left-padded pass: last logits and their cache."""
+        lengths = [p.shape[1] for p in prompts]
+        longest = max(lengths)
+        cache = BatchKVCache.for_prompts(self.cfg.layers, lengths, self.cfg.kv_heads, self.cfg.head_dim)
+        rows = [
+            mx.concatenate([mx.zeros((1, longest - p.shape[1], p.shape[2]), dtype=p.dtype), p], axis=1)
+            if p.shape[1] < longest else p
+            for p in prompts
+        ]
+        return self(mx.concatenate(rows), cache), cache
+
     def __call__(self, embeddings: mx.array, cache: BatchKVCache, last_only: bool = True) -> mx.array:
         """``embeddings``: [rows, tokens, hidden] appended after each row's cached tokens.
         Returns logits, for the last position only unless ``last_only`` is False."""

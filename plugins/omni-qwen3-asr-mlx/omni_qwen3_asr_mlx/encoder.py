@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .config import EncoderConfig, post_conv_length
+from .config import EncoderConfig, audio_token_count, post_conv_length
 
 
 def sinusoid_table(length: int, channels: int, max_timescale: float = 10000.0) -> mx.array:
@@ -75,45 +75,49 @@ class AudioEncoder(nn.Module):
 
     def __call__(self, mel: np.ndarray) -> mx.array:
         """``mel``: [num_mel_bins, frames] of one audio -> [tokens, d_model]."""
+        return self.encode_many([mel])[0]
+
+    def encode_many(self, mels: list[np.ndarray]) -> list[mx.array]:
+        """Several audios in one pass: their conv chunks form one batch, their attention windows
+        another (windows never cross audios, so batching changes no result)."""
         cfg = self.config
-        frames = mel.shape[1]
-        if frames == 0:
-            raise ValueError("cannot encode empty audio")
         chunk = cfg.chunk_frames
-        num_chunks = -(-frames // chunk)
-        padded = np.zeros((cfg.num_mel_bins, num_chunks * chunk), dtype=np.float32)
-        padded[:, :frames] = mel
+        pieces, first_chunk, token_counts = [], [], []
+        for mel in mels:
+            frames = mel.shape[1]
+            if frames == 0:
+                raise ValueError("cannot encode empty audio")
+            count = -(-frames // chunk)
+            padded = np.zeros((cfg.num_mel_bins, count * chunk), dtype=np.float32)
+            padded[:, :frames] = mel
+            first_chunk.append(sum(p.shape[0] for p in pieces))
+            pieces.append(padded.reshape(cfg.num_mel_bins, count, chunk).transpose(1, 0, 2))
+            token_counts.append(audio_token_count(frames, cfg.n_window))
         # [chunks, mel, time, 1]: MLX convolutions are channels-last
-        x = mx.array(padded.reshape(cfg.num_mel_bins, num_chunks, chunk).transpose(1, 0, 2)[..., None])
+        x = mx.array(np.concatenate(pieces)[..., None])
         x = nn.gelu(self.conv2d1(x))
         x = nn.gelu(self.conv2d2(x))
         x = nn.gelu(self.conv2d3(x))
         chunks, freq, steps, channels = x.shape
         x = self.conv_out(x.transpose(0, 2, 3, 1).reshape(chunks, steps, channels * freq))
-        x = x + self._positions[:steps]
+        x = (x + self._positions[:steps]).reshape(chunks * steps, -1)
 
-        last = frames - (num_chunks - 1) * chunk
-        valid_last = post_conv_length(last)
-        x = x.reshape(chunks * steps, -1)
-        total = (num_chunks - 1) * steps + valid_last
-        x = x[:total]  # the last chunk's padding positions are dropped, as in the reference
-        return self.ln_post(self._windowed_layers(x, steps if num_chunks > 1 else valid_last))
-
-    def _windowed_layers(self, x: mx.array, tokens_per_chunk: int) -> mx.array:
-        cfg = self.config
-        window = tokens_per_chunk * (cfg.n_window_infer // cfg.chunk_frames)
-        total = x.shape[0]
-        num_windows = -(-total // window)
-        pad = num_windows * window - total
-        mask = None
-        if pad:
-            x = mx.concatenate([x, mx.zeros((pad, x.shape[1]), dtype=x.dtype)])
-            valid = np.ones((num_windows, window), dtype=bool)
-            valid[-1, window - pad :] = False
-            mask = mx.array(valid)[:, None, None, :]
+        # lay each audio's tokens out in attention windows; padding rows are masked as keys
+        window = cfg.window_tokens
+        rows, valid, starts = [], [], []
+        for first, tokens in zip(first_chunk, token_counts):
+            windows = -(-tokens // window)
+            starts.append(len(rows))
+            position = np.arange(windows * window)
+            rows.extend(np.where(position < tokens, first * steps + position, 0))
+            valid.extend(position < tokens)
+        x = x[mx.array(np.asarray(rows, dtype=np.int32))]
+        valid = np.asarray(valid).reshape(-1, window)
+        mask = None if valid.all() else mx.array(valid)[:, None, None, :]
         for layer in self.layers:
-            x = layer(x, (num_windows, window), mask)
-        return x[:total]
+            x = layer(x, (valid.shape[0], window), mask)
+        x = self.ln_post(x)
+        return [x[start : start + tokens] for start, tokens in zip(starts, token_counts)]
 
 
 class Projector(nn.Module):

@@ -29,6 +29,8 @@ class BatchKVCache:
         return len(self.pad)
 
     def row_lengths(self) -> mx.array:
+        """Rotary offset of each row's next token; negative while a left-padded prompt is
+        being written, so that its first real token gets position 0."""
         return mx.array((self.end - self.pad).astype(np.int32))
 
     def attention_mask(self, new_tokens: int) -> mx.array | None:
@@ -38,7 +40,16 @@ class BatchKVCache:
         columns = np.arange(total)[None, None, :]
         query_columns = (self.end + np.arange(new_tokens))[None, :, None]
         visible = (columns <= query_columns) & (columns >= self.pad[:, None, None])
+        # a padding query sees itself: no row is all-masked, so no NaN enters the cache
+        visible |= columns == query_columns
         return mx.array(visible[:, None, :, :])
+
+    @classmethod
+    def for_prompts(cls, layers: int, lengths: list[int], kv_heads: int, head_dim: int) -> BatchKVCache:
+        """An empty cache for prompts of ``lengths``, left-padded to the longest."""
+        cache = cls(layers, len(lengths), kv_heads, head_dim)
+        cache.pad = max(lengths) - np.asarray(lengths, dtype=np.int64)
+        return cache
 
     def update(self, layer: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         new = keys.shape[2]

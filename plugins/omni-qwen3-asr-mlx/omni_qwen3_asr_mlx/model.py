@@ -26,6 +26,12 @@ class ASRNetwork(nn.Module):
         """[mel bins, frames] -> audio embeddings [tokens, decoder hidden]."""
         return self.projector(self.audio_tower(mel))
 
+    def encode_many(self, mels: list[np.ndarray]) -> list[mx.array]:
+        encoded = self.audio_tower.encode_many(mels)
+        lengths = np.cumsum([0] + [e.shape[0] for e in encoded])
+        projected = self.projector(mx.concatenate(encoded))  # one matrix product for all audios
+        return [projected[int(a) : int(b)] for a, b in zip(lengths[:-1], lengths[1:])]
+
     def prompt_embeddings(self, token_ids: list[int], audio: mx.array) -> mx.array:
         """Embed ``token_ids`` and put ``audio`` rows at the audio placeholder tokens: [1, n, hidden]."""
         ids = np.asarray(token_ids, dtype=np.int32)

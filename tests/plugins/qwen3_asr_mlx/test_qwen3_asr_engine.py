@@ -114,3 +114,19 @@ def test_pipeline_rejects_bad_input_and_keeps_serving(tiny_dir):
             assert "".join(e.payload["text"] for e in events[:-1]) == events[-1].payload["text"]
         stats = pipeline.stats()["stages"]["asr"]
         assert stats["running_rows"] == 0 and stats["kv_cache_bytes"] == 0
+
+
+def test_a_broken_chunk_fails_alone(runtime, frontend):
+    events = []
+    batcher = ASRBatcher(runtime.network, runtime.eos_ids, lambda *e: events.append(e), max_batch=4)
+    good = job_from_payload("good", frontend.prepare({"audio": noise_audio(1.0, seed=7)}), runtime.tokenizer)
+    broken = job_from_payload("broken", frontend.prepare({"audio": noise_audio(1.0, seed=8)}), runtime.tokenizer)
+    broken.chunks[0].prompt_ids = broken.chunks[0].prompt_ids[:5]  # audio placeholders cut off
+    batcher.add(broken)
+    batcher.add(good)
+    failures = batcher.step()
+    assert [rid for rid, _ in failures] == ["broken"] and "audio placeholders" in failures[0][1]
+    while batcher.has_work():
+        assert batcher.step() == []
+    assert [r for r, _, final in events if final is not None] == ["good"]
+    assert not batcher.jobs and batcher.cache.nbytes() == 0
