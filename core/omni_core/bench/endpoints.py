@@ -135,6 +135,7 @@ class RequestSender:
     async def _transcription(self, client: httpx.AsyncClient, item: BenchItem, record: RequestRecord) -> None:
         data, seconds = self.audio_file(item.audio)
         record.input_audio_seconds = seconds
+        record.reference_text = item.text
         form = {"model": self.options.model, "response_format": "json",
                 "stream": "true" if self.options.stream else "false"}
         files = {"file": (item.audio.name, data, "application/octet-stream")}

@@ -24,6 +24,7 @@ class RequestRecord:
     input_audio_seconds: float = 0.0  # audio sent (transcriptions, audio chat)
     output_text: str = ""
     output_tokens: int = 0  # completion tokens, where the server reports usage
+    reference_text: str | None = None  # what the sent audio says, where the dataset knows it
 
     @property
     def ok(self) -> bool:

@@ -86,5 +86,7 @@ def results_table(result: dict) -> Table:
         row("underrun total (s), requests", lambda lv: f"{_fmt(lv['underrun_s']['total'], 2)}, "
                                                          f"{lv['requests_with_underrun']}")
         row("underrun p50/p95/p99 (s)", lambda lv: _triple(lv["underrun_s"], 3))
+    if any(lv["wer"] is not None for lv in levels):
+        row("word error rate", lambda lv: "-" if lv["wer"] is None else f"{lv['wer']:.1%}")
     row("errors by status", lambda lv: ", ".join(f"{k}: {v}" for k, v in lv["errors"].items()) or "none")
     return table

@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+import jiwer
 import numpy as np
 
 from omni_core.bench.records import RequestRecord
@@ -19,6 +20,22 @@ def percentiles(values: Sequence[float], points: Sequence[int] = PERCENTILES) ->
         return {f"p{p}": None for p in points}
     computed = np.percentile(np.asarray(values, dtype=np.float64), list(points))
     return {f"p{p}": float(v) for p, v in zip(points, computed, strict=True)}
+
+
+# Case and punctuation differ between transcribers without being errors.
+_WER_WORDS = jiwer.Compose([
+    jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.RemoveMultipleSpaces(), jiwer.Strip(),
+    jiwer.ReduceToListOfListOfWords(),
+])
+
+
+def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> float | None:
+    """Corpus WER (all errors over all reference words) after lowercasing and dropping punctuation."""
+    pairs = [(ref, hyp) for ref, hyp in zip(references, hypotheses, strict=True) if _WER_WORDS(ref)[0]]
+    if not pairs:
+        return None
+    refs, hyps = zip(*pairs, strict=True)
+    return float(jiwer.wer(list(refs), list(hyps), reference_transform=_WER_WORDS, hypothesis_transform=_WER_WORDS))
 
 
 def playback_underrun(chunks: Sequence[tuple[float, float]]) -> float:
@@ -58,6 +75,7 @@ class LevelSummary:
     rtf: dict[str, float | None] = field(default_factory=dict)  # per-request latency / audio seconds
     underrun_s: dict[str, float | None] = field(default_factory=dict)
     requests_with_underrun: int = 0
+    wer: float | None = None  # transcriptions whose dataset row gives the spoken text
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -82,6 +100,7 @@ def summarize(
     underrun = percentiles(underruns)
     underrun["total"] = float(sum(underruns)) if underruns else None
     wall = max(duration_s, 1e-9)
+    scored = [r for r in ok if r.reference_text]
     return LevelSummary(
         concurrency=concurrency,
         request_rate=request_rate,
@@ -100,6 +119,7 @@ def summarize(
         rtf={"mean": float(np.mean(rtfs)) if rtfs else None, **percentiles(rtfs)},
         underrun_s=underrun,
         requests_with_underrun=sum(1 for u in underruns if u > 0),
+        wer=word_error_rate([r.reference_text for r in scored], [r.output_text for r in scored]),
     )
 
 

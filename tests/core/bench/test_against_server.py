@@ -179,6 +179,7 @@ def test_transcriptions_count_the_audio_they_send(server, tmp_path):
     assert level["completed"] == 6 and level["request_rate"] == 20
     # The open loop waited for the last seeded arrival before sending it.
     assert level["duration_s"] >= arrival_offsets(6, 20.0, seed=0)[-1]
+    assert 0 <= level["wer"]  # the built-in clips know their text; the toy listener's words are scored
     check_level_numbers(level)
     assert totals(report) == statuses(before, after, TRANSCRIPTIONS)
     assert level["input_audio_seconds"] == pytest.approx(

@@ -1,6 +1,6 @@
 import pytest
 from omni_core.bench.records import RequestRecord
-from omni_core.bench.summary import percentiles, playback_underrun, summarize
+from omni_core.bench.summary import percentiles, playback_underrun, summarize, word_error_rate
 
 
 def test_percentiles_interpolate_linearly():
@@ -61,3 +61,23 @@ def test_transcription_summary_uses_input_audio():
     assert summary.audio_seconds_per_second == pytest.approx(3.0)
     assert summary.rtf["p50"] == pytest.approx((0.25 + 0.25) / 2)
     assert summary.underrun_s["total"] is None  # nothing was played back
+
+
+def test_word_error_rate_ignores_case_and_punctuation():
+    # 6 reference words; "cat" -> "bat" is a substitution and "on" an insertion.
+    assert word_error_rate(["Hello there, friend.", "The cat sat."], ["hello there friend", "the bat sat on"]) == (
+        pytest.approx(2 / 6)
+    )
+    assert word_error_rate(["Hello there."], [""]) == 1.0
+    assert word_error_rate(["..."], ["anything"]) is None  # no reference words to score
+
+
+def test_transcription_summary_scores_rows_with_a_reference():
+    heard = _ok(0.0, 0.1, 0.5, input_seconds=1.0)
+    heard.reference_text, heard.output_text = "Good morning.", "good morning"
+    misheard = _ok(0.0, 0.1, 0.5, input_seconds=1.0)
+    misheard.reference_text, misheard.output_text = "See you soon.", "sea you"
+    unscored = _ok(0.0, 0.1, 0.5, input_seconds=1.0)
+    unscored.output_text = "no reference"
+    summary = summarize([heard, misheard, unscored], concurrency=1, request_rate=None, duration_s=1.0)
+    assert summary.wer == pytest.approx(2 / 5)
