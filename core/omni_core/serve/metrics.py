@@ -54,8 +54,8 @@ class _StageCollector:
         for stage, values in (stats.get("stages") or {}).items():
             if "kv_usage" in values:
                 kv.add_metric([stage], float(values["kv_usage"]))
-            if "queue_depth" in values:
-                queue.add_metric([stage], float(values["queue_depth"]))
+            # batch stages count queued messages, AR stages waiting sequences
+            queue.add_metric([stage], float(values.get("queue_depth", 0)) + float(values.get("waiting", 0)))
             if "running" in values:
                 running.add_metric([stage], float(values["running"]))
         yield kv

@@ -18,9 +18,22 @@ def api_server(testfamily_site, tmp_path_factory):
     15 ms per tts step so that streams last long enough to overlap and to be cut."""
     workdir = tmp_path_factory.mktemp("http-api")
     proc = ServerProcess(
-        testfamily_site, workdir,
-        "--api-key", API_KEY, "--max-running", "4", "--max-queued", "8", "--max-input-chars", "2000",
-        "--max-upload-mb", "1", "--max-audio-seconds", "20", "--voices-dir", str(workdir / "voices"),
+        testfamily_site,
+        workdir,
+        "--api-key",
+        API_KEY,
+        "--max-running",
+        "4",
+        "--max-queued",
+        "8",
+        "--max-input-chars",
+        "2000",
+        "--max-upload-mb",
+        "1",
+        "--max-audio-seconds",
+        "20",
+        "--voices-dir",
+        str(workdir / "voices"),
         step_ms=15,
     )
     try:

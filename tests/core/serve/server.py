@@ -38,11 +38,28 @@ class ServerProcess:
         self.log_path = workdir / f"server-{self.port}.log"
         self._log = open(self.log_path, "w+")  # noqa: SIM115 - open for the server's lifetime
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "omni_core.cli", "serve", "--family", "testfamily", "--preset", "tiny",
-             "--port", str(self.port), *args],
-            env=env_with_path(site, OMNI_PLUGINS="testfamily", OMNI_CACHE=str(workdir / "cache"),
-                              OMNI_TESTFAMILY_STEP_MS=str(step_ms), **env),
-            stdout=self._log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "omni_core.cli",
+                "serve",
+                "--family",
+                "testfamily",
+                "--preset",
+                "tiny",
+                "--port",
+                str(self.port),
+                *args,
+            ],
+            env=env_with_path(
+                site,
+                OMNI_PLUGINS="testfamily",
+                OMNI_CACHE=str(workdir / "cache"),
+                OMNI_TESTFAMILY_STEP_MS=str(step_ms),
+                **env,
+            ),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
 
     def log(self) -> str:

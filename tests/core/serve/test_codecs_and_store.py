@@ -10,7 +10,6 @@ import os
 import numpy as np
 import pytest
 import soundfile as sf
-
 from omni_core.serve.admission import Admission
 from omni_core.serve.audio_codecs import StreamEncoder, decode_audio, encode_audio
 from omni_core.serve.errors import APIError
@@ -58,7 +57,9 @@ def test_aac_and_garbage_are_clear_errors():
 
 def test_subtitles():
     segments = [{"start": 0.0, "end": 1.5, "text": " one"}, {"start": 61.25, "end": 3723.0, "text": "two"}]
-    assert to_srt(segments) == "1\n00:00:00,000 --> 00:00:01,500\none\n\n2\n00:01:01,250 --> 01:02:03,000\ntwo\n"
+    assert (
+        to_srt(segments) == "1\n00:00:00,000 --> 00:00:01,500\none\n\n2\n00:01:01,250 --> 01:02:03,000\ntwo\n"
+    )
     assert to_vtt(segments).startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.500\none\n")
 
 

@@ -38,29 +38,62 @@ BAD_REQUESTS = [
     ("speed out of range", SPEECH, speech(speed=9), 400, "speed"),
     ("input too long", SPEECH, speech(input="a" * 2001), 413, "input"),
     ("unknown model", SPEECH, speech(model="gpt-4o-mini-tts"), 404, "model"),
-    ("reference is not audio", SPEECH, speech(voice=None, reference_audio=base64.b64encode(b"nope" * 50).decode()), 400, "file"),
+    (
+        "reference is not audio",
+        SPEECH,
+        speech(voice=None, reference_audio=base64.b64encode(b"nope" * 50).decode()),
+        400,
+        "file",
+    ),
     ("reference is not base64", SPEECH, speech(reference_audio="%%%"), 400, "reference_audio"),
     ("not json", SPEECH, {"content": b"{nope", "headers": {"content-type": "application/json"}}, 400, None),
     ("undecodable upload", TRANSCRIPTIONS, upload(b"RIFF not really a wav file" * 10), 400, "file"),
     ("upload too large", TRANSCRIPTIONS, upload(b"\0" * (1024 * 1024 + 200_000)), 413, "file"),
     ("audio too long", TRANSCRIPTIONS, upload(tone_wav(25.0, rate=8000)), 413, "file"),
     ("no file", TRANSCRIPTIONS, {"data": {"model": "testfamily"}}, 400, "file"),
-    ("bad response_format", TRANSCRIPTIONS, upload(tone_wav(1.0), response_format="docx"), 400, "response_format"),
+    (
+        "bad response_format",
+        TRANSCRIPTIONS,
+        upload(tone_wav(1.0), response_format="docx"),
+        400,
+        "response_format",
+    ),
     ("bad temperature", TRANSCRIPTIONS, upload(tone_wav(1.0), temperature="hot"), 400, "temperature"),
-    ("chat audio not base64", CHAT, chat_part({"type": "input_audio", "input_audio": {"data": "@@", "format": "wav"}}), 400,
-     "messages[0].content[0].input_audio.data"),
-    ("chat remote image", CHAT, chat_part({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}), 400,
-     "messages[0].content[0].image_url.url"),
-    ("chat unknown part", CHAT, chat_part({"type": "video", "video": "x"}), 400, "messages[0].content[0].type"),
+    (
+        "chat audio not base64",
+        CHAT,
+        chat_part({"type": "input_audio", "input_audio": {"data": "@@", "format": "wav"}}),
+        400,
+        "messages[0].content[0].input_audio.data",
+    ),
+    (
+        "chat remote image",
+        CHAT,
+        chat_part({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}),
+        400,
+        "messages[0].content[0].image_url.url",
+    ),
+    (
+        "chat unknown part",
+        CHAT,
+        chat_part({"type": "video", "video": "x"}),
+        400,
+        "messages[0].content[0].type",
+    ),
     ("chat no messages", CHAT, {"json": {"model": "testfamily", "messages": []}}, 400, "messages"),
 ]
 
 
-@pytest.mark.parametrize(("path", "kwargs", "status", "param"), [case[1:] for case in BAD_REQUESTS],
-                         ids=[case[0] for case in BAD_REQUESTS])
+@pytest.mark.parametrize(
+    ("path", "kwargs", "status", "param"),
+    [case[1:] for case in BAD_REQUESTS],
+    ids=[case[0] for case in BAD_REQUESTS],
+)
 def test_bad_request_gets_openai_error(api_server, path, kwargs, status, param):
     before = metric(api_server.url, "omni_requests_total", endpoint=path, status=str(status))
-    r = httpx.post(f"{api_server.url}{path}", headers={**HEADERS, **kwargs.pop("headers", {})}, timeout=30, **kwargs)
+    r = httpx.post(
+        f"{api_server.url}{path}", headers={**HEADERS, **kwargs.pop("headers", {})}, timeout=30, **kwargs
+    )
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -72,7 +105,9 @@ def test_bad_request_gets_openai_error(api_server, path, kwargs, status, param):
 def test_api_key(api_server):
     body = speech()["json"]
     missing = httpx.post(f"{api_server.url}{SPEECH}", json=body, timeout=10)
-    wrong = httpx.post(f"{api_server.url}{SPEECH}", json=body, headers={"Authorization": "Bearer nope"}, timeout=10)
+    wrong = httpx.post(
+        f"{api_server.url}{SPEECH}", json=body, headers={"Authorization": "Bearer nope"}, timeout=10
+    )
     for r in (missing, wrong):
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(f"{api_server.url}/v1/models", timeout=10).status_code == 401
@@ -81,7 +116,13 @@ def test_api_key(api_server):
 
 def _stream_speech(client: httpx.Client, url: str, text: str) -> tuple[int, int, str | None]:
     """(status, bytes received, Retry-After) of one streamed speech request."""
-    body = {"model": "testfamily", "input": text, "voice": "echo", "response_format": "pcm", "stream_format": "audio"}
+    body = {
+        "model": "testfamily",
+        "input": text,
+        "voice": "echo",
+        "response_format": "pcm",
+        "stream_format": "audio",
+    }
     with client.stream("POST", f"{url}{SPEECH}", json=body, headers=HEADERS) as r:
         received = sum(len(chunk) for chunk in r.iter_bytes())
         return r.status_code, received, r.headers.get("retry-after")
@@ -124,7 +165,13 @@ def test_client_disconnect_aborts_in_every_stage(api_server):
     url = api_server.url
     long_text = "A long sentence that takes a while to speak. " * 40  # ~150 tts steps of 15 ms
     aborted = metric(url, "omni_requests_aborted_total", endpoint=SPEECH)
-    body = {"model": "testfamily", "input": long_text, "voice": "alloy", "response_format": "pcm", "stream_format": "audio"}
+    body = {
+        "model": "testfamily",
+        "input": long_text,
+        "voice": "alloy",
+        "response_format": "pcm",
+        "stream_format": "audio",
+    }
     with httpx.stream("POST", f"{url}{SPEECH}", json=body, headers=HEADERS, timeout=30) as r:
         assert r.status_code == 200
         next(r.iter_bytes())  # audio is flowing; now leave

@@ -31,15 +31,24 @@ def client(server):
 
 
 def pcm(client, text=TEXT, voice="alloy", **extra) -> np.ndarray:
-    data = client.audio.speech.create(model="testfamily", input=text, voice=voice, response_format="pcm", extra_body=extra).content
+    data = client.audio.speech.create(
+        model="testfamily", input=text, voice=voice, response_format="pcm", extra_body=extra
+    ).content
     return np.frombuffer(data, dtype="<i2")
 
 
 def test_speech_in_every_format(client, server):
     reference = pcm(client)
     assert len(reference) == len(TEXT.encode()) * 400  # the fixture makes 25 ms per input byte
-    for fmt, content_type in [("wav", "audio/wav"), ("flac", "audio/flac"), ("mp3", "audio/mpeg"), ("opus", "audio/ogg")]:
-        raw = client.audio.speech.with_raw_response.create(model="testfamily", input=TEXT, voice="alloy", response_format=fmt)
+    for fmt, content_type in [
+        ("wav", "audio/wav"),
+        ("flac", "audio/flac"),
+        ("mp3", "audio/mpeg"),
+        ("opus", "audio/ogg"),
+    ]:
+        raw = client.audio.speech.with_raw_response.create(
+            model="testfamily", input=TEXT, voice="alloy", response_format=fmt
+        )
         assert raw.headers["content-type"] == content_type
         audio, rate = sf.read(io.BytesIO(raw.content), dtype="int16")
         assert rate == RATE
@@ -63,7 +72,13 @@ def test_streamed_speech_equals_whole(client):
 
 def test_speech_sse_deltas_then_done(client, server):
     whole = pcm(client)
-    body = {"model": "testfamily", "input": TEXT, "voice": "alloy", "response_format": "pcm", "stream_format": "sse"}
+    body = {
+        "model": "testfamily",
+        "input": TEXT,
+        "voice": "alloy",
+        "response_format": "pcm",
+        "stream_format": "sse",
+    }
     events = []
     with httpx.stream("POST", f"{server.url}/v1/audio/speech", json=body, headers=HEADERS, timeout=60) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -79,7 +94,9 @@ def test_speech_sse_deltas_then_done(client, server):
 
 def test_cloning_from_reference_audio(client):
     reference = base64.b64encode(tone_wav(1.5)).decode()
-    cloned = pcm(client, voice=None, reference_audio=f"data:audio/wav;base64,{reference}", reference_text="a tone")
+    cloned = pcm(
+        client, voice=None, reference_audio=f"data:audio/wav;base64,{reference}", reference_text="a tone"
+    )
     plain_b64 = pcm(client, voice=None, reference_audio=reference)
     assert len(cloned) == len(TEXT.encode()) * 400
     np.testing.assert_array_equal(cloned, plain_b64)  # data URL and bare base64 are the same clip
@@ -88,26 +105,45 @@ def test_cloning_from_reference_audio(client):
 
 def test_transcriptions_any_format_and_rate(client):
     results = {}
-    for name, rate, fmt in [("a.wav", 16000, "WAV"), ("a.flac", 44100, "FLAC"), ("a.ogg", 22050, "OGG"), ("a.mp3", 24000, "MP3")]:
+    for name, rate, fmt in [
+        ("a.wav", 16000, "WAV"),
+        ("a.flac", 44100, "FLAC"),
+        ("a.ogg", 22050, "OGG"),
+        ("a.mp3", 24000, "MP3"),
+    ]:
         upload = tone_wav(3.0, rate=rate, fmt=fmt)
         verbose = client.audio.transcriptions.create(
-            model="testfamily", file=(name, upload), response_format="verbose_json", timestamp_granularities=["segment"]
+            model="testfamily",
+            file=(name, upload),
+            response_format="verbose_json",
+            timestamp_granularities=["segment"],
         )
         assert verbose.duration == pytest.approx(3.0, abs=0.05)  # resampled to the family's 16 kHz
         assert len(verbose.segments) == 3 and verbose.text == " ".join(s.text for s in verbose.segments)
         results[name] = verbose.text
     upload = tone_wav(3.0)
-    assert client.audio.transcriptions.create(model="testfamily", file=("a.wav", upload)).text == results["a.wav"]
-    text = client.audio.transcriptions.create(model="testfamily", file=("a.wav", upload), response_format="text")
+    assert (
+        client.audio.transcriptions.create(model="testfamily", file=("a.wav", upload)).text
+        == results["a.wav"]
+    )
+    text = client.audio.transcriptions.create(
+        model="testfamily", file=("a.wav", upload), response_format="text"
+    )
     assert text.strip() == results["a.wav"]
-    srt = client.audio.transcriptions.create(model="testfamily", file=("a.wav", upload), response_format="srt")
+    srt = client.audio.transcriptions.create(
+        model="testfamily", file=("a.wav", upload), response_format="srt"
+    )
     assert srt.startswith("1\n00:00:00,000 --> 00:00:01,000\n")
-    vtt = client.audio.transcriptions.create(model="testfamily", file=("a.wav", upload), response_format="vtt")
+    vtt = client.audio.transcriptions.create(
+        model="testfamily", file=("a.wav", upload), response_format="vtt"
+    )
     assert vtt.startswith("WEBVTT\n") and "00:00:02.000 --> 00:00:03.000" in vtt
 
 
 def test_transcription_stream(client):
-    stream = client.audio.transcriptions.create(model="testfamily", file=("a.wav", tone_wav(3.0)), stream=True)
+    stream = client.audio.transcriptions.create(
+        model="testfamily", file=("a.wav", tone_wav(3.0)), stream=True
+    )
     events = list(stream)
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
     assert len(deltas) == 3 and events[-1].type == "transcript.text.done"
@@ -120,31 +156,47 @@ def test_chat_text_audio_and_audio_input(client):
         model="testfamily",
         modalities=["text", "audio"],
         audio={"voice": "alloy", "format": "wav"},
-        messages=[{"role": "user", "content": [
-            {"type": "text", "text": "what did you hear"},
-            {"type": "input_audio", "input_audio": {"data": audio_in, "format": "wav"}},
-        ]}],
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what did you hear"},
+                    {"type": "input_audio", "input_audio": {"data": audio_in, "format": "wav"}},
+                ],
+            }
+        ],
     )
     message = reply.choices[0].message
     assert "4 words, 2.0 seconds of audio" in message.audio.transcript
     audio, rate = sf.read(io.BytesIO(base64.b64decode(message.audio.data)))
     assert rate == RATE and len(audio) == len(message.audio.transcript.encode()) * 400
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens > 0
-    text_only = client.chat.completions.create(model="testfamily", messages=[{"role": "user", "content": "hi"}])
+    text_only = client.chat.completions.create(
+        model="testfamily", messages=[{"role": "user", "content": "hi"}]
+    )
     assert text_only.choices[0].message.content.startswith("You sent 1 words")
     assert text_only.choices[0].message.audio is None
 
 
 def test_chat_stream_text_and_audio_deltas(server):
-    body = {"model": "testfamily", "stream": True, "modalities": ["text", "audio"],
-            "audio": {"voice": "echo", "format": "pcm16"}, "messages": [{"role": "user", "content": "hello there"}]}
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60) as r:
+    body = {
+        "model": "testfamily",
+        "stream": True,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "echo", "format": "pcm16"},
+        "messages": [{"role": "user", "content": "hello there"}],
+    }
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60
+    ) as r:
         lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     chunks = [json.loads(line) for line in lines[:-1]]
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     transcript = "".join(d["audio"].get("transcript", "") for d in deltas if "audio" in d)
-    audio = b"".join(base64.b64decode(d["audio"]["data"]) for d in deltas if "audio" in d and "data" in d["audio"])
+    audio = b"".join(
+        base64.b64decode(d["audio"]["data"]) for d in deltas if "audio" in d and "data" in d["audio"]
+    )
     assert transcript.startswith("You sent 2 words")
     assert len(audio) == len(transcript.encode()) * 400 * 2  # pcm16
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
@@ -152,8 +204,13 @@ def test_chat_stream_text_and_audio_deltas(server):
 
 def test_voices_save_use_delete(client, server):
     url = f"{server.url}/v1/audio/voices"
-    created = httpx.post(url, headers=HEADERS, data={"name": "narrator", "text": "a tone"},
-                         files={"file": ("ref.wav", tone_wav(1.0), "audio/wav")}, timeout=30)
+    created = httpx.post(
+        url,
+        headers=HEADERS,
+        data={"name": "narrator", "text": "a tone"},
+        files={"file": ("ref.wav", tone_wav(1.0), "audio/wav")},
+        timeout=30,
+    )
     assert created.status_code == 200, created.text
     voice = created.json()
     listed = httpx.get(url, headers=HEADERS, timeout=10).json()["data"]
@@ -161,20 +218,34 @@ def test_voices_save_use_delete(client, server):
     by_name, by_id = pcm(client, voice="narrator"), pcm(client, voice=voice["id"])
     np.testing.assert_array_equal(by_name, by_id)
     assert not np.array_equal(by_name, pcm(client, voice="alloy"))
-    duplicate = httpx.post(url, headers=HEADERS, data={"name": "narrator", "text": "x"},
-                           files={"file": ("ref.wav", tone_wav(1.0), "audio/wav")}, timeout=30)
+    duplicate = httpx.post(
+        url,
+        headers=HEADERS,
+        data={"name": "narrator", "text": "x"},
+        files={"file": ("ref.wav", tone_wav(1.0), "audio/wav")},
+        timeout=30,
+    )
     assert duplicate.status_code == 400
     saved = sorted(p.name for p in (server.log_path.parent / "voices").iterdir())
     assert saved == [f"{voice['id']}.json", f"{voice['id']}.wav"]  # no temporary files left behind
     assert httpx.delete(f"{url}/{voice['id']}", headers=HEADERS, timeout=10).status_code == 200
     assert httpx.delete(f"{url}/{voice['id']}", headers=HEADERS, timeout=10).status_code == 404
     body = {"model": "testfamily", "input": "hi", "voice": "narrator"}
-    assert httpx.post(f"{server.url}/v1/audio/speech", json=body, headers=HEADERS, timeout=10).status_code == 400
+    assert (
+        httpx.post(f"{server.url}/v1/audio/speech", json=body, headers=HEADERS, timeout=10).status_code == 400
+    )
 
 
 def test_models_and_metrics(client, server):
     assert [m.id for m in client.models.list().data] == ["testfamily"]
     text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    for name in ("omni_requests_total", "omni_request_duration_seconds", "omni_time_to_first_audio_seconds",
-                 "omni_real_time_factor", "omni_queue_depth", "omni_running_requests", "omni_stage_requests"):
+    for name in (
+        "omni_requests_total",
+        "omni_request_duration_seconds",
+        "omni_time_to_first_audio_seconds",
+        "omni_real_time_factor",
+        "omni_queue_depth",
+        "omni_running_requests",
+        "omni_stage_requests",
+    ):
         assert name in text

@@ -16,21 +16,50 @@ HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def test_unknown_family_lists_installed_ones(testfamily_site):
-    result = run_omni(["serve", "--family", "nope"], env_with_path(testfamily_site, OMNI_PLUGINS="testfamily"))
+    result = run_omni(
+        ["serve", "--family", "nope"], env_with_path(testfamily_site, OMNI_PLUGINS="testfamily")
+    )
     assert result.returncode == 2
     assert "unknown family 'nope'" in result.stderr and "testfamily" in result.stderr
 
 
 def test_offline_without_checkpoint_exits_2_naming_the_way_out(testfamily_site, tmp_path):
-    env = env_with_path(testfamily_site, OMNI_PLUGINS="testfamily", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    env = env_with_path(
+        testfamily_site, OMNI_PLUGINS="testfamily", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf")
+    )
     result = run_omni(["serve", "--family", "testfamily"], env)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--model" in lines[0] and "--preset tiny" in lines[0]
 
 
+def _expect_loading(server: ServerProcess) -> None:
+    """While the stages load, /health and requests answer 503 instead of hanging."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            health = httpx.get(f"{server.url}/health", timeout=2)
+            break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    assert health.status_code == 503 and health.json()["status"] == "loading"
+    early = httpx.post(
+        f"{server.url}/v1/audio/speech",
+        headers=HEADERS,
+        timeout=5,
+        json={"model": "testfamily", "input": "too early", "voice": "alloy"},
+    )
+    assert early.status_code == 503 and early.json()["error"]["code"] == "not_ready"
+
+
 def _sse_speech(url: str, text: str, outcome: dict) -> None:
-    body = {"model": "testfamily", "input": text, "voice": "alloy", "response_format": "pcm", "stream_format": "sse"}
+    body = {
+        "model": "testfamily",
+        "input": text,
+        "voice": "alloy",
+        "response_format": "pcm",
+        "stream_format": "sse",
+    }
     with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, headers=HEADERS, timeout=60) as r:
         outcome["status"] = r.status_code
         events = []
@@ -46,11 +75,18 @@ def test_sigterm_drains_then_exits_0_and_voices_survive_restart(testfamily_site,
     args = ("--api-key", API_KEY, "--voices-dir", voices, "--drain-seconds", "1.5")
     server = ServerProcess(testfamily_site, tmp_path, *args, step_ms=20).wait_ready()
     try:
-        saved = httpx.post(f"{server.url}/v1/audio/voices", headers=HEADERS, data={"name": "keeper", "text": "a tone"},
-                           files={"file": ("ref.wav", tone_wav(1.0), "audio/wav")}, timeout=30).json()
+        saved = httpx.post(
+            f"{server.url}/v1/audio/voices",
+            headers=HEADERS,
+            data={"name": "keeper", "text": "a tone"},
+            files={"file": ("ref.wav", tone_wav(1.0), "audio/wav")},
+            timeout=30,
+        ).json()
         short, long = {}, {}
-        threads = [threading.Thread(target=_sse_speech, args=(server.url, text, out))
-                   for text, out in (("Short enough to finish.", short), ("Far too long to finish. " * 60, long))]
+        threads = [
+            threading.Thread(target=_sse_speech, args=(server.url, text, out))
+            for text, out in (("Short enough to finish.", short), ("Far too long to finish. " * 60, long))
+        ]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 30
@@ -59,8 +95,12 @@ def test_sigterm_drains_then_exits_0_and_voices_survive_restart(testfamily_site,
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         assert httpx.get(f"{server.url}/health", timeout=5).status_code == 503  # draining
-        refused = httpx.post(f"{server.url}/v1/audio/speech", headers=HEADERS, timeout=5,
-                             json={"model": "testfamily", "input": "new", "voice": "alloy"})
+        refused = httpx.post(
+            f"{server.url}/v1/audio/speech",
+            headers=HEADERS,
+            timeout=5,
+            json={"model": "testfamily", "input": "new", "voice": "alloy"},
+        )
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
         for thread in threads:
             thread.join(timeout=30)
@@ -70,12 +110,18 @@ def test_sigterm_drains_then_exits_0_and_voices_survive_restart(testfamily_site,
     finally:
         server.kill()
 
-    again = ServerProcess(testfamily_site, tmp_path, *args).wait_ready()
+    again = ServerProcess(testfamily_site, tmp_path, *args, OMNI_TESTFAMILY_LOAD_MS="3000")
     try:
+        _expect_loading(again)
+        again.wait_ready()
         listed = httpx.get(f"{again.url}/v1/audio/voices", headers=HEADERS, timeout=10).json()["data"]
         assert saved["id"] in [v["id"] for v in listed]
-        spoken = httpx.post(f"{again.url}/v1/audio/speech", headers=HEADERS, timeout=30,
-                            json={"model": "testfamily", "input": "still here", "voice": "keeper", "response_format": "pcm"})
+        spoken = httpx.post(
+            f"{again.url}/v1/audio/speech",
+            headers=HEADERS,
+            timeout=30,
+            json={"model": "testfamily", "input": "still here", "voice": "keeper", "response_format": "pcm"},
+        )
         assert spoken.status_code == 200 and len(spoken.content) == len(b"still here") * 400 * 2
     finally:
         assert again.stop() == 0

@@ -7,11 +7,11 @@ import sys
 
 import numpy as np
 import pytest
-
 from omni_core import Omni
 from omni_core.hooks import PluginManager
 from omni_core.serve.exceptions import InputTooLarge, InvalidInput
 from omni_core.serve.inputs import Limits
+
 from tests.core.serve.server import tone_wav
 
 
@@ -25,8 +25,14 @@ def omni(testfamily_site, tmp_path_factory):
     manager = PluginManager(selection=set())  # omni-core's built-ins only
     manager.register_object("testfamily", omni_testfamily.plugin)
     cache = tmp_path_factory.mktemp("offline")
-    with Omni("testfamily", preset="tiny", plugin_manager=manager, cache_dir=str(cache), voices_dir=str(cache / "voices"),
-              limits=Limits(max_input_chars=500, max_audio_seconds=10)) as instance:
+    with Omni(
+        "testfamily",
+        preset="tiny",
+        plugin_manager=manager,
+        cache_dir=str(cache),
+        voices_dir=str(cache / "voices"),
+        limits=Limits(max_input_chars=500, max_audio_seconds=10),
+    ) as instance:
         yield instance
     with pytest.raises(RuntimeError):  # the context manager stopped the pipeline
         instance.speech("after shutdown", voice="alloy")
@@ -55,15 +61,27 @@ def test_transcribe_path_bytes_and_samples(omni, tmp_path):
     from_path = omni.transcribe(str(path), timestamps=True)
     from_bytes = omni.transcribe(path.read_bytes())
     assert from_path.text == from_bytes.text and len(from_path.text.split()) == 2
-    assert [s["end"] for s in from_path.segments] == [1.0, 2.0] and from_path.duration == pytest.approx(2.0, abs=0.01)
+    assert [s["end"] for s in from_path.segments] == [1.0, 2.0] and from_path.duration == pytest.approx(
+        2.0, abs=0.01
+    )
     assert "".join(omni.transcribe(str(path), stream=True)) == from_path.text
 
 
 def test_chat_with_audio_reply(omni):
     samples = np.sin(np.arange(16000) / 5).astype(np.float32) * 0.2
-    reply = omni.chat([{"role": "user", "content": [{"type": "text", "text": "listen"},
-                                                     {"type": "audio", "audio": samples, "sample_rate": 16000}]}],
-                      modalities=["text", "audio"], voice="alloy")
+    reply = omni.chat(
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "listen"},
+                    {"type": "audio", "audio": samples, "sample_rate": 16000},
+                ],
+            }
+        ],
+        modalities=["text", "audio"],
+        voice="alloy",
+    )
     assert reply.text.startswith("You sent 1 words, 1.0 seconds of audio")
     assert reply.sample_rate == 16000 and len(reply.audio) == len(reply.text.encode()) * 400
 
