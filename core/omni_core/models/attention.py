@@ -89,21 +89,19 @@ class SdpaBackend:
         B, max_kv = kv_slots.shape
         Q = meta.max_query_len
         heads, dim = q.shape[1], q.shape[2]
-        keys = k_cache[kv_slots.reshape(-1)].view(B, max_kv, -1, dim).transpose(1, 2)
-        values = v_cache[kv_slots.reshape(-1)].view(B, max_kv, -1, dim).transpose(1, 2)
-        if Q == 1:
-            queries = q.view(B, 1, heads, dim)
-        else:
-            queries = q[meta.packed_index].view(B, Q, heads, dim)
-        out = F.scaled_dot_product_attention(
-            queries.transpose(1, 2).to(keys.dtype),
-            keys,
-            values,
-            attn_mask=meta.cache["mask"],
-            scale=scale,
-            enable_gqa=keys.shape[1] != heads,
-        )
-        out = out.transpose(1, 2).reshape(B * Q, heads, dim)
+        kv_heads = k_cache.shape[1]
+        group = heads // kv_heads
+        keys = k_cache[kv_slots.reshape(-1)].view(B, max_kv, kv_heads, dim).transpose(1, 2)
+        values = v_cache[kv_slots.reshape(-1)].view(B, max_kv, kv_heads, dim).transpose(1, 2)
+        queries = q.view(B, 1, heads, dim) if Q == 1 else q[meta.packed_index].view(B, Q, heads, dim)
+        # grouped-query attention without repeating K/V: the query heads sharing a KV head
+        # become extra query rows (q head h uses KV head h // group)
+        queries = queries.view(B, Q, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(B, kv_heads, group * Q, dim)
+        mask = meta.cache["mask"]
+        if group > 1:
+            mask = mask.expand(B, group, Q, max_kv).reshape(B, 1, group * Q, max_kv) if Q > 1 else mask
+        out = F.scaled_dot_product_attention(queries.to(keys.dtype), keys, values, attn_mask=mask, scale=scale)
+        out = out.view(B, kv_heads, group, Q, dim).permute(0, 3, 1, 2, 4).reshape(B * Q, heads, dim)
         if Q == 1:
             return out.to(q.dtype)
         return out[meta.padded_index].to(q.dtype)

@@ -42,6 +42,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
     cuda_graph_sizes: tuple[int, ...] = DEFAULT_CUDA_GRAPH_SIZES
+    cuda_graph_kv_lens: tuple[int, ...] = (256, 1024)  # graph variants by context length (plus max_model_len)
     eos_token_ids: tuple[int, ...] = ()
     attention_backend: Any = None
 
@@ -93,7 +94,7 @@ class AREngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         graph_sizes = tuple(s for s in config.cuda_graph_sizes if s <= config.max_num_seqs) if config.cuda_graphs else ()
-        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype, self.hooks, config.attention_backend, self.max_model_len, graph_sizes)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype, self.hooks, config.attention_backend, self.max_model_len, graph_sizes, config.cuda_graph_kv_lens)
         self.eos_token_ids = tuple(config.eos_token_ids)
         self.requests: dict[str, Sequence] = {}
 

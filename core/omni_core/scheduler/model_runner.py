@@ -20,7 +20,7 @@ from omni_core.scheduler.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype, hooks: dict[str, Any], backend=None, max_model_len: int = 4096, cuda_graph_sizes: tuple[int, ...] = ()):
+    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype, hooks: dict[str, Any], backend=None, max_model_len: int = 4096, cuda_graph_sizes: tuple[int, ...] = (), cuda_graph_kv_lens: tuple[int, ...] = ()):
         self.model = model
         self.device = device
         self.dtype = dtype
@@ -35,9 +35,11 @@ class ModelRunner:
         self.kv_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(spec.num_layers)]
         self.scratch_slot = num_blocks * block_size
         self.max_blocks_per_seq = (max_model_len + block_size - 1) // block_size
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+        # (batch size, block-table width) -> graph; narrow widths keep the KV gather short
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
         if cuda_graph_sizes and device.type == "cuda" and getattr(model, "supports_cuda_graphs", False):
-            self._capture_graphs(sorted(set(cuda_graph_sizes)))
+            widths = sorted({min(self.max_blocks_per_seq, -(-t // block_size)) for t in cuda_graph_kv_lens} | {self.max_blocks_per_seq})
+            self._capture_graphs(sorted(set(cuda_graph_sizes)), widths)
 
     @staticmethod
     def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
@@ -119,9 +121,9 @@ class ModelRunner:
         capture = frozenset(layer for s in seqs for layer in s.hidden_layers)
         extras = [s.extras for s in seqs]
         logits = hidden_last = None
-        graph_size = self._graph_size(len(seqs)) if not is_prefill and not capture else None
-        if graph_size is not None:
-            hidden_last, logits = self._replay(graph_size, batch.input_embeds, positions, meta, len(seqs))
+        graph_key = self._graph_key(len(seqs), meta.block_tables.shape[1]) if not is_prefill and not capture else None
+        if graph_key is not None:
+            hidden_last, logits = self._replay(graph_key, batch.input_embeds, positions, meta, len(seqs))
             captured = {}
         else:
             ctx = ForwardContext(meta, self.backend, self.kv_caches, is_prefill, extras, query_lens, capture)
@@ -180,28 +182,28 @@ class ModelRunner:
 
     # ---- CUDA graphs for decode ----------------------------------------------------------------
 
-    def _graph_size(self, batch_size: int) -> int | None:
-        for size in sorted(self.graphs):
-            if size >= batch_size:
-                return size
+    def _graph_key(self, batch_size: int, width: int) -> tuple[int, int] | None:
+        for key in sorted(self.graphs):
+            if key[0] >= batch_size and key[1] >= width:
+                return key
         return None
 
-    def _static_inputs(self, size: int) -> dict[str, torch.Tensor]:
+    def _static_inputs(self, size: int, width: int) -> dict[str, torch.Tensor]:
         dev, hidden = self.device, self.model.hidden_size
         return {
             "embeds": torch.zeros(size, hidden, dtype=self.dtype, device=dev),
             "positions": torch.zeros(size, dtype=torch.int64, device=dev),
             "slots": torch.full((size,), self.scratch_slot, dtype=torch.int64, device=dev),
-            "block_tables": torch.zeros(size, self.max_blocks_per_seq, dtype=torch.int64, device=dev),
+            "block_tables": torch.zeros(size, width, dtype=torch.int64, device=dev),
             "context_lens": torch.ones(size, dtype=torch.int64, device=dev),
             "query_lens": torch.ones(size, dtype=torch.int64, device=dev),
         }
 
     @torch.inference_mode()
-    def _capture_graphs(self, sizes: list[int]) -> None:
+    def _capture_graphs(self, sizes: list[int], widths: list[int]) -> None:
         pool = None
-        for size in reversed(sizes):
-            st = self._static_inputs(size)
+        for size, width in sorted(((s, w) for s in sizes for w in widths), reverse=True):
+            st = self._static_inputs(size, width)
             meta = AttentionMetadata(st["slots"], st["block_tables"], st["context_lens"], st["query_lens"], 1, self.block_size)
             ctx = ForwardContext(meta, self.backend, self.kv_caches, False)
 
@@ -217,11 +219,11 @@ class ModelRunner:
             with torch.cuda.graph(graph, pool=pool):
                 st["hidden"], st["logits"] = step()
             pool = graph.pool()
-            self.graphs[size] = (graph, st)
+            self.graphs[(size, width)] = (graph, st)
         torch.cuda.synchronize(self.device)
 
-    def _replay(self, size: int, embeds, positions, meta: AttentionMetadata, batch_size: int):
-        graph, st = self.graphs[size]
+    def _replay(self, key: tuple[int, int], embeds, positions, meta: AttentionMetadata, batch_size: int):
+        graph, st = self.graphs[key]
         n = batch_size
         st["embeds"][:n].copy_(embeds)
         st["positions"][:n].copy_(positions)
