@@ -141,6 +141,7 @@ def serve(
     """Serve a model family behind an OpenAI-compatible HTTP API."""
     from omni_core.api import Omni
     from omni_core.hooks import UnknownNameError, get_plugin_manager
+    from omni_core.platforms.select import PlatformUnavailableError, resolve_platform
     from omni_core.serve.app import create_app
     from omni_core.serve.checkpoints import CheckpointNotFound, cache_root, resolve_checkpoint
     from omni_core.serve.inputs import Limits
@@ -164,6 +165,11 @@ def serve(
         click.echo(f"omni serve: {exc}", err=True)
         sys.exit(2)
     console.log(f"{family}: checkpoint {checkpoint}")
+    try:  # a missing or unusable platform is a usage error, found before anything loads
+        resolve_platform(device, manager)
+    except (UnknownNameError, PlatformUnavailableError) as exc:
+        click.echo(f"omni serve: --device {device}: {exc}", err=True)
+        sys.exit(2)
     voices_dir = voices_dir or str(cache_root() / "voices" / spec.name)
     config = ServeConfig(
         family=spec.name,

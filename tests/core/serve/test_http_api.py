@@ -171,10 +171,23 @@ def test_chat_text_audio_and_audio_input(client):
     audio, rate = sf.read(io.BytesIO(base64.b64decode(message.audio.data)))
     assert rate == RATE and len(audio) == len(message.audio.transcript.encode()) * 400
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens > 0
+    image = "data:image/png;base64," + base64.b64encode(b"\x89PNG not really").decode()
     text_only = client.chat.completions.create(
-        model="testfamily", messages=[{"role": "user", "content": "hi"}]
+        model="testfamily",
+        messages=[
+            {"role": "system", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "hi"},
+                    {"type": "image_url", "image_url": {"url": image}},
+                ],
+            },
+        ],
     )
-    assert text_only.choices[0].message.content.startswith("You sent 1 words")
+    assert text_only.choices[0].message.content.startswith(
+        "You sent 1 words, 0.0 seconds of audio and 1 images"
+    )
     assert text_only.choices[0].message.audio is None
 
 

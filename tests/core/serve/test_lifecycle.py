@@ -23,6 +23,14 @@ def test_unknown_family_lists_installed_ones(testfamily_site):
     assert "unknown family 'nope'" in result.stderr and "testfamily" in result.stderr
 
 
+def test_unusable_device_exits_2(testfamily_site):
+    result = run_omni(
+        ["serve", "--family", "testfamily", "--preset", "tiny", "--device", "tpu"],
+        env_with_path(testfamily_site, OMNI_PLUGINS="testfamily"),
+    )
+    assert result.returncode == 2 and "--device tpu" in result.stderr and "cpu" in result.stderr
+
+
 def test_offline_without_checkpoint_exits_2_naming_the_way_out(testfamily_site, tmp_path):
     env = env_with_path(
         testfamily_site, OMNI_PLUGINS="testfamily", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf")
@@ -110,10 +118,14 @@ def test_sigterm_drains_then_exits_0_and_voices_survive_restart(testfamily_site,
     finally:
         server.kill()
 
-    again = ServerProcess(testfamily_site, tmp_path, *args, OMNI_TESTFAMILY_LOAD_MS="3000")
+    args = ("--voices-dir", voices, "--drain-seconds", "1.5")  # the key now comes from OMNI_API_KEY
+    again = ServerProcess(
+        testfamily_site, tmp_path, *args, OMNI_TESTFAMILY_LOAD_MS="3000", OMNI_API_KEY=API_KEY
+    )
     try:
         _expect_loading(again)
         again.wait_ready()
+        assert httpx.get(f"{again.url}/v1/audio/voices", timeout=10).status_code == 401
         listed = httpx.get(f"{again.url}/v1/audio/voices", headers=HEADERS, timeout=10).json()["data"]
         assert saved["id"] in [v["id"] for v in listed]
         spoken = httpx.post(
