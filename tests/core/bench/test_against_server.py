@@ -187,12 +187,18 @@ def test_transcriptions_count_the_audio_they_send(server, tmp_path):
 
 
 def test_streamed_chat_and_bad_requests_by_status(server, tmp_path):
+    clip = spoken("What time is it?", tmp_path)
+    dataset = tmp_path / "chat.jsonl"
+    dataset.write_text(json.dumps({"text": "Hello!"}) + "\n" + json.dumps({"audio": clip.name}) + "\n")
     before = scrape(server)
-    chat = bench(server, tmp_path, "--endpoint", "chat", "--num-requests", "4", "--warmup", "0")
+    chat = bench(server, tmp_path, "--endpoint", "chat", "--num-requests", "4", "--warmup", "0",
+                 "--dataset", str(dataset))
     bad_voice = bench(server, tmp_path, "--endpoint", "speech", "--num-requests", "5", "--warmup", "0",
                       "--sample-rate", "16000", "--voice", "no-such-voice")
     after = scrape(server)
     assert chat["levels"][0]["completed"] == 4
+    # Two of the four spoke their message as an input_audio part.
+    assert chat["levels"][0]["input_audio_seconds"] == pytest.approx(2 * soundfile.info(str(clip)).duration)
     check_level_numbers(chat["levels"][0])
     assert totals(chat) == statuses(before, after, CHAT)
     assert bad_voice["levels"][0]["errors"] == {"400": 5}
