@@ -3,6 +3,8 @@ is chunked into segments; aborts free their KV rows; bad input fails one request
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -46,7 +48,9 @@ def test_batched_decoding_matches_each_request_alone(runtime, frontend):
     requests = {f"r{i}": {"audio": noise_audio(s, seed=i), "language": "en" if i % 2 else None}
                 for i, s in enumerate([0.6, 2.2, 4.1, 1.3, 3.0])}
     alone = {rid: _run(runtime, frontend, {rid: p}, max_batch=1)[0][rid] for rid, p in requests.items()}
+    requests["sampled"] = {"audio": noise_audio(2.0, seed=9), "temperature": 1.0}  # shares the batch
     together, events = _run(runtime, frontend, requests, max_batch=3, add_at={"r3": 5, "r4": 11})
+    assert together.pop("sampled").chunks[0].generated > 0
     for rid, job in together.items():
         assert job.chunks[0].text.tokens == alone[rid].chunks[0].text.tokens, rid
         assert job.text == alone[rid].text
@@ -112,8 +116,15 @@ def test_pipeline_rejects_bad_input_and_keeps_serving(tiny_dir):
             events = list(handle)
             assert events[-1].end and events[-1].name == "text"
             assert "".join(e.payload["text"] for e in events[:-1]) == events[-1].payload["text"]
+        long = pipeline.submit({"task": "transcription", "audio": noise_audio(20.0, seed=5)})
+        first = long.get(timeout=60)
+        assert first is not None and not first.end
+        long.abort()
+        deadline = time.monotonic() + 30
+        while pipeline.stats()["stages"]["asr"]["running_rows"] and time.monotonic() < deadline:
+            time.sleep(0.05)
         stats = pipeline.stats()["stages"]["asr"]
-        assert stats["running_rows"] == 0 and stats["kv_cache_bytes"] == 0
+        assert stats["running_rows"] == 0 and stats["running_requests"] == 0 and stats["kv_cache_bytes"] == 0
 
 
 def test_a_broken_chunk_fails_alone(runtime, frontend):
