@@ -39,6 +39,8 @@ class AttentionMetadata:
     block_size: int
     padded_index: torch.Tensor | None = None
     packed_index: torch.Tensor | None = None
+    host_query_lens: list[int] | None = None  # prefill: the same lengths as Python ints
+    host_context_lens: list[int] | None = None
     cache: dict[str, Any] = field(default_factory=dict)  # backend scratch, built by prepare()
 
 
@@ -68,6 +70,8 @@ class SdpaBackend:
     name = "sdpa"
 
     def prepare(self, meta: AttentionMetadata) -> None:
+        if meta.max_query_len > 1 and meta.host_query_lens is not None:
+            return  # prefill goes sequence by sequence (see _prefill)
         bt = meta.block_tables
         bs = meta.block_size
         device = bt.device
@@ -85,6 +89,8 @@ class SdpaBackend:
 
     def forward(self, q, k, v, k_cache, v_cache, meta, scale):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.max_query_len > 1 and meta.host_query_lens is not None:
+            return self._prefill(q, k, v, k_cache, v_cache, meta, scale)
         kv_slots = meta.cache["kv_slots"]
         B, max_kv = kv_slots.shape
         Q = meta.max_query_len
@@ -105,6 +111,32 @@ class SdpaBackend:
         if Q == 1:
             return out.to(q.dtype)
         return out[meta.padded_index].to(q.dtype)
+
+
+    def _prefill(self, q, k, v, k_cache, v_cache, meta, scale):
+        """One SDPA call per sequence: a prompt without cached history attends to its own fresh
+        K/V with ``is_causal`` (the fused kernels' fast path, no mask); one that continues
+        cached KV (prefix hit, later chunk) reads its history from the cache with a mask."""
+        outs = []
+        start = 0
+        bs = meta.block_size
+        for b, (n, ctx) in enumerate(zip(meta.host_query_lens, meta.host_context_lens)):
+            qb = q[start : start + n].transpose(0, 1)[None]  # [1, heads, n, d]
+            if ctx == n:
+                kb, vb = k[start : start + n], v[start : start + n]
+                mask, causal = None, True
+            else:
+                pos = torch.arange(ctx, device=q.device)
+                slots = meta.block_tables[b, pos // bs] * bs + pos % bs
+                kb, vb = k_cache[slots], v_cache[slots]
+                q_pos = torch.arange(ctx - n, ctx, device=q.device)
+                mask, causal = pos[None, :] <= q_pos[:, None], False
+            kb = kb.transpose(0, 1)[None].to(qb.dtype)
+            vb = vb.transpose(0, 1)[None].to(qb.dtype)
+            out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=kb.shape[1] != qb.shape[1])
+            outs.append(out[0].transpose(0, 1))
+            start += n
+        return torch.cat(outs)
 
 
 class ForwardContext:
