@@ -10,13 +10,30 @@ from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_whisper import stages
 
 
+def cpu_has_native_bf16() -> bool:
+    """bf16 matrix instructions (AVX512-BF16 or AMX): there bf16 runs about twice as fast as fp32."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = handle.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(name: str) -> str:
+    if name == "auto":
+        return "bfloat16" if cpu_has_native_bf16() else "float32"
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"whisper: dtype must be auto, float32 or bfloat16, not {name!r}")
+    return name
+
+
 def build(checkpoint_dir: str, options: dict) -> Topology:
-    """Options: ``dtype`` (float32 | bfloat16, default float32), ``max_batch`` (decoder rows, 32),
+    """Options: ``dtype`` (auto | float32 | bfloat16; auto = bfloat16 where the CPU has native
+    bf16 instructions, else float32), ``max_batch`` (decoder rows, 32),
     ``encoder_batch`` (requests encoded together, 8), ``batch_window_ms`` (encoder, 5),
     ``temperature_fallback`` (default False)."""
-    dtype = str(options.get("dtype", "float32"))
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"whisper: dtype must be float32 or bfloat16, not {dtype!r}")
+    dtype = resolve_dtype(str(options.get("dtype", "auto")))
     encoder_options = {
         "max_batch": int(options.get("encoder_batch", 8)),
         "batch_window_ms": float(options.get("batch_window_ms", 5)),

@@ -79,3 +79,14 @@ def test_long_audio_splits_into_30_second_windows():
     assert windows.shape == (3, 16000 * 30)
     assert durations == [30.0, 30.0, 5.0]
     assert float(windows[2, 16000 * 5 :].abs().sum()) == 0.0  # the last window is zero-padded
+
+
+def test_tiny_preset_runs_through_the_pipeline(tmp_path):
+    from omni_core.api import Omni
+
+    noise = (0.1 * np.random.default_rng(1).standard_normal(32000)).astype(np.float32)
+    with Omni(family="whisper", preset="tiny", cache_dir=str(tmp_path), options={"dtype": "float32"}) as omni:
+        result = omni.transcribe(noise, 16000, timestamps=True)
+    assert result.duration == pytest.approx(2.0) and result.language == "en"
+    assert 1 <= result.usage["output_tokens"] <= 224  # random weights: any words, but it ends
+    assert all(0.0 <= s["start"] <= s["end"] <= 2.0 for s in result.segments)

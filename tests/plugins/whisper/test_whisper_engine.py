@@ -15,7 +15,7 @@ from omni_core.pipeline import RequestFailed
 
 @pytest.fixture(scope="module")
 def omni():
-    with Omni(family="whisper", device="cpu") as instance:
+    with Omni(family="whisper", device="cpu", options={"dtype": "float32"}) as instance:
         yield instance
 
 
