@@ -39,7 +39,7 @@ class AttentionMetadata:
     block_size: int
     padded_index: torch.Tensor | None = None
     packed_index: torch.Tensor | None = None
-    host_query_lens: list[int] | None = None  # prefill: the same lengths as Python ints
+    host_query_lens: list[int] | None = None  # the same lengths as Python ints (not in graphs)
     host_context_lens: list[int] | None = None
     cache: dict[str, Any] = field(default_factory=dict)  # backend scratch, built by prepare()
 
@@ -70,8 +70,17 @@ class SdpaBackend:
     name = "sdpa"
 
     def prepare(self, meta: AttentionMetadata) -> None:
-        if meta.max_query_len > 1 and meta.host_query_lens is not None:
-            return  # prefill goes sequence by sequence (see _prefill)
+        if self._per_sequence(meta):
+            bs = meta.block_size
+            seq_slots = []
+            for b, (n, ctx) in enumerate(zip(meta.host_query_lens, meta.host_context_lens)):
+                if ctx == n:
+                    seq_slots.append(None)  # no history: attend to the fresh K/V
+                else:
+                    pos = torch.arange(ctx, device=meta.block_tables.device)
+                    seq_slots.append(meta.block_tables[b, pos // bs] * bs + pos % bs)
+            meta.cache["seq_slots"] = seq_slots
+            return
         bt = meta.block_tables
         bs = meta.block_size
         device = bt.device
@@ -87,10 +96,18 @@ class SdpaBackend:
         meta.cache["kv_slots"] = kv_slots
         meta.cache["mask"] = allowed[:, None]  # [B, 1, Q, K]
 
+    @staticmethod
+    def _per_sequence(meta: AttentionMetadata) -> bool:
+        """Sequence by sequence when lengths are known on the host and the step is not a
+        graph: prefill anywhere, decode on CPU (no padding to the longest context)."""
+        if meta.host_query_lens is None:
+            return False
+        return meta.max_query_len > 1 or meta.block_tables.device.type == "cpu"
+
     def forward(self, q, k, v, k_cache, v_cache, meta, scale):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        if meta.max_query_len > 1 and meta.host_query_lens is not None:
-            return self._prefill(q, k, v, k_cache, v_cache, meta, scale)
+        if "seq_slots" in meta.cache:
+            return self._forward_per_sequence(q, k, v, k_cache, v_cache, meta, scale)
         kv_slots = meta.cache["kv_slots"]
         B, max_kv = kv_slots.shape
         Q = meta.max_query_len
@@ -112,27 +129,25 @@ class SdpaBackend:
             return out.to(q.dtype)
         return out[meta.padded_index].to(q.dtype)
 
-
-    def _prefill(self, q, k, v, k_cache, v_cache, meta, scale):
-        """One SDPA call per sequence: a prompt without cached history attends to its own fresh
-        K/V with ``is_causal`` (the fused kernels' fast path, no mask); one that continues
-        cached KV (prefix hit, later chunk) reads its history from the cache with a mask."""
+    def _forward_per_sequence(self, q, k, v, k_cache, v_cache, meta, scale):
+        """One SDPA call per sequence: without history, the fresh K/V with ``is_causal`` (the
+        fused kernels' fast path, no mask); with history (cached prefix, later chunk, decode),
+        its slots gathered from the cache, masked causally only when several queries need it."""
         outs = []
         start = 0
-        bs = meta.block_size
-        for b, (n, ctx) in enumerate(zip(meta.host_query_lens, meta.host_context_lens)):
+        for n, ctx, slots in zip(meta.host_query_lens, meta.host_context_lens, meta.cache["seq_slots"]):
             qb = q[start : start + n].transpose(0, 1)[None]  # [1, heads, n, d]
-            if ctx == n:
+            mask = None
+            if slots is None:
                 kb, vb = k[start : start + n], v[start : start + n]
-                mask, causal = None, True
             else:
-                pos = torch.arange(ctx, device=q.device)
-                slots = meta.block_tables[b, pos // bs] * bs + pos % bs
                 kb, vb = k_cache[slots], v_cache[slots]
-                q_pos = torch.arange(ctx - n, ctx, device=q.device)
-                mask, causal = pos[None, :] <= q_pos[:, None], False
+                if n > 1:
+                    pos = torch.arange(ctx, device=q.device)
+                    mask = pos[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
             kb = kb.transpose(0, 1)[None].to(qb.dtype)
             vb = vb.transpose(0, 1)[None].to(qb.dtype)
+            causal = slots is None and n > 1
             out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=kb.shape[1] != qb.shape[1])
             outs.append(out[0].transpose(0, 1))
             start += n

@@ -82,8 +82,8 @@ class ModelRunner:
             max_query_len=max_q,
             block_size=bs,
         )
+        meta.host_query_lens, meta.host_context_lens = query_lens, context_lens
         if max_q > 1:
-            meta.host_query_lens, meta.host_context_lens = query_lens, context_lens
             starts = torch.tensor([0] + query_lens[:-1], dtype=torch.int64).cumsum(0)
             within = torch.arange(len(ids)) - starts[seq_t]
             meta.padded_index = (seq_t * max_q + within).to(dev)
