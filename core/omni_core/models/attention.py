@@ -69,6 +69,10 @@ class SdpaBackend:
 
     name = "sdpa"
 
+    def __init__(self, per_sequence: bool | None = None):
+        # None: per sequence for prefill and CPU decode, padded batch for CUDA decode
+        self.per_sequence = per_sequence
+
     def prepare(self, meta: AttentionMetadata) -> None:
         if self._per_sequence(meta):
             bs = meta.block_size
@@ -96,12 +100,13 @@ class SdpaBackend:
         meta.cache["kv_slots"] = kv_slots
         meta.cache["mask"] = allowed[:, None]  # [B, 1, Q, K]
 
-    @staticmethod
-    def _per_sequence(meta: AttentionMetadata) -> bool:
-        """Sequence by sequence when lengths are known on the host and the step is not a
-        graph: prefill anywhere, decode on CPU (no padding to the longest context)."""
+    def _per_sequence(self, meta: AttentionMetadata) -> bool:
+        """Sequence by sequence when lengths are known on the host (not in a graph): by default
+        for prefill anywhere and decode on CPU (no padding to the longest context)."""
         if meta.host_query_lens is None:
             return False
+        if self.per_sequence is not None:
+            return self.per_sequence
         return meta.max_query_len > 1 or meta.block_tables.device.type == "cpu"
 
     def forward(self, q, k, v, k_cache, v_cache, meta, scale):

@@ -133,3 +133,20 @@ def test_kv_budget_in_bytes_sizes_the_cache(tiny_model):
     per_block = 2 * spec.num_layers * 4 * spec.num_kv_heads * spec.head_dim * 4  # float32
     engine = AREngine(tiny_model, EngineConfig(block_size=4, kv_cache_bytes=10 * per_block + 5))
     assert engine.stats()["kv_blocks_total"] == 10 and engine.max_model_len == 40
+
+
+def test_padded_batch_attention_path_gives_the_same_tokens(tiny_model):
+    """The padded-batch SDPA path (what CUDA decode graphs run) against the per-sequence one,
+    through chunked prefill, prefix hits and decode."""
+    from omni_core.models import SdpaBackend
+
+    g = torch.Generator().manual_seed(4)
+    shared = torch.randint(0, VOCAB, (12,), generator=g).tolist()
+    prompts = [shared + torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (1, 7, 20, 3)]
+    outs = {}
+    for per_sequence in (True, False):
+        engine = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=128, max_num_batched_tokens=16, attention_backend=SdpaBackend(per_sequence=per_sequence)))
+        engine.generate(prompts[:1], GREEDY)  # leaves the shared prefix in the cache
+        outs[per_sequence] = [o.token_ids for o in engine.generate(prompts, GREEDY)]
+        assert engine.stats()["prefix_cache_hit_tokens"] > 0
+    assert outs[True] == outs[False]
