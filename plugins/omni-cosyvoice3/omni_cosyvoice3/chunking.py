@@ -73,3 +73,14 @@ class FlowStream:
         """Prompt tokens + generated tokens up to ``end`` (+ lookahead when not final)."""
         upto = end if final else end + self.lookahead
         return torch.tensor(self.prompt_tokens + self.tokens[:upto], dtype=torch.long)
+
+
+def due_points(prompt_len: int, hop: int = 25, max_hop: int = 100, lookahead: int = 3):
+    """Generated-token counts at which the flow's next chunk becomes due (end + lookahead), in
+    order, forever: the llm stage sends its tokens at these points instead of one by one."""
+    end, step = 0, hop + (-prompt_len % hop)
+    while True:
+        end += step
+        yield end + lookahead
+        hop = min(max_hop, hop * 2)
+        step = hop

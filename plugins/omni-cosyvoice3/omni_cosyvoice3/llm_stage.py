@@ -18,6 +18,7 @@ from omni_core.scheduler.hooks import ARHooks, StepBatch
 from omni_core.scheduler.sampler import uniform_noise
 from omni_core.scheduler.sampling_params import SamplingParams
 
+from .chunking import due_points
 from .config import LLMConfig
 from .frontend import InvalidInput
 from .llm import EXTRA_TOKEN_ROWS, CosyVoice3LM
@@ -31,6 +32,13 @@ class RasHooks(ARHooks):
 
     def __init__(self, cfg: LLMConfig):
         self.cfg = cfg
+        self.held: dict[str, dict[str, Any]] = {}  # request id -> tokens not yet sent (SpeechTokenWorker)
+
+    def on_finish(self, request_id: str, extras: dict[str, Any], reason: str) -> None:
+        # an aborted request gets no more outputs; a finished one still gets its last step's
+        # output (on_output sends what is held and drops it then)
+        if reason == "abort":
+            self.held.pop(request_id, None)
 
     def sample(self, batch: StepBatch, logits: torch.Tensor) -> torch.Tensor:
         rows = [batch.extras[b]["ras"] for b in batch.sample_index]
@@ -71,10 +79,14 @@ def _sampling(values: Any, cfg: LLMConfig) -> dict[str, float]:
 
 
 class SpeechTokenWorker(ARStageWorker):
-    """Input payload (from the frontend): text_ids, target_text_len, llm_prompt_tokens, seed, sampling."""
+    """Input payload (from the frontend): text_ids, target_text_len, llm_prompt_tokens, seed,
+    sampling, and the flow's chunk schedule (flow_prompt_len, hop, max_hop, lookahead,
+    streaming). Tokens are held back until the flow's next chunk is due (or the end), so the
+    flow gets a few messages per request instead of one per token."""
 
     def __init__(self, model: CosyVoice3LM, engine_config: EngineConfig):
-        super().__init__(model, hooks=RasHooks(model.cfg), engine_config=engine_config)
+        self.ras_hooks = RasHooks(model.cfg)
+        super().__init__(model, hooks=self.ras_hooks, engine_config=engine_config)
         self.cfg = model.cfg
         self.stop_ids = list(range(self.cfg.speech_token_size, self.cfg.speech_token_size + EXTRA_TOKEN_ROWS))
 
@@ -87,6 +99,9 @@ class SpeechTokenWorker(ARStageWorker):
             seed = int.from_bytes(os.urandom(4), "little")
         ras = dict(_sampling(p.get("sampling"), self.cfg), seed=int(seed) & 0x7FFFFFFF, min_tokens=min_len)
         embeds = model.prompt_embeds(list(p["text_ids"]), list(p.get("llm_prompt_tokens") or []))
+        points = due_points(int(p.get("flow_prompt_len", 0)), int(p.get("hop", 25)), int(p.get("max_hop", 100)),
+                            int(p.get("lookahead", 3))) if p.get("streaming", True) else iter(())
+        self.ras_hooks.held[message.request_id] = {"tokens": [], "count": 0, "points": points, "next": next(points, None)}
         return EngineRequest(
             request_id=message.request_id,
             prompt_embeds=embeds,
@@ -95,6 +110,19 @@ class SpeechTokenWorker(ARStageWorker):
         )
 
     def on_output(self, request_id, new_token_ids, finished, step_outputs, emit) -> None:
+        held = self.ras_hooks.held.get(request_id)
         speech = [t for t in new_token_ids if t < self.cfg.speech_token_size]
-        if speech or finished:
-            emit("tokens", {"token_ids": speech}, end=finished)
+        if held is None:  # not scheduled by make_request: pass tokens straight on
+            if speech or finished:
+                emit("tokens", {"token_ids": speech}, end=finished)
+            return
+        held["tokens"].extend(speech)
+        held["count"] += len(speech)
+        due = held["next"] is not None and held["count"] >= held["next"]
+        while held["next"] is not None and held["count"] >= held["next"]:
+            held["next"] = next(held["points"], None)
+        if due or finished:
+            emit("tokens", {"token_ids": held["tokens"]}, end=finished)
+            held["tokens"] = []
+        if finished:
+            self.ras_hooks.held.pop(request_id, None)

@@ -21,9 +21,10 @@ from .hift import HiftGenerator
 class FrontendWorker:
     """Entry payload -> ``llm`` (prompt) and ``cond`` (the flow's speaker conditioning)."""
 
-    def __init__(self, frontend: Frontend, chunk_hop: int):
+    def __init__(self, frontend: Frontend, chunk_hop: int, max_hop: int = 100):
         self.frontend = frontend
         self.chunk_hop = chunk_hop
+        self.max_hop = max_hop
 
     def __call__(self, message, emit) -> None:
         payload = message.payload
@@ -43,6 +44,11 @@ class FrontendWorker:
             "llm_prompt_tokens": prepared.llm_prompt_tokens,
             "seed": payload.get("seed"),
             "sampling": payload.get("sampling") or {},
+            # the flow's chunk schedule, so the llm sends tokens when a chunk is due
+            "flow_prompt_len": len(prepared.flow_prompt_tokens),
+            "hop": self.chunk_hop,
+            "max_hop": self.max_hop,
+            "streaming": bool(payload.get("stream", True)),
         })
 
 
@@ -162,17 +168,25 @@ class HiftWorker:
         if not rows:
             return
         lengths = [self.mel[rid].shape[1] for rid, _, _ in rows]
-        t_max = max(lengths)
-        audio = None
-        if t_max > 0:
-            batch = torch.zeros(len(rows), self.model.cfg.in_channels, t_max, device=device, dtype=dtype)
-            for i, (rid, _, _) in enumerate(rows):
-                batch[i, :, : lengths[i]] = self.mel[rid].to(device, dtype)
-            audio = self.model(batch).float().cpu()
+        # Rows still streaming share one padded batch (their padding lies past the frames they
+        # emit); a last chunk's tail would see the padding (the iSTFT overlap and the source's
+        # STFT edge), so final rows run in groups of equal length.
+        groups: dict[int, list[int]] = {}
+        for i, (_, end, _) in enumerate(rows):
+            if lengths[i] > 0:
+                groups.setdefault(lengths[i] if end else -1, []).append(i)
+        audio: dict[int, torch.Tensor] = {}
+        for members in groups.values():
+            t_max = max(lengths[i] for i in members)
+            batch = torch.zeros(len(members), self.model.cfg.in_channels, t_max, device=device, dtype=dtype)
+            for j, i in enumerate(members):
+                batch[j, :, : lengths[i]] = self.mel[rows[i][0]].to(device, dtype)
+            out = self.model(batch).float().cpu()
+            audio.update({i: out[j] for j, i in enumerate(members)})
         for i, (rid, end, usage) in enumerate(rows):
             stable = self.model.stable_samples(lengths[i], end)
             start = self.sent.get(rid, 0)
-            delta = audio[i, start:stable] if audio is not None and stable > start else torch.zeros(0)
+            delta = audio[i][start:stable] if i in audio and stable > start else torch.zeros(0)
             self.sent[rid] = max(start, stable)
             payload: dict[str, Any] = {"audio": delta.contiguous()}
             if end and usage:

@@ -32,9 +32,9 @@ def _dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def frontend_factory(context, checkpoint_dir: str):
+def frontend_factory(context, checkpoint_dir: str, max_hop: int = 100):
     cfg = load_config(checkpoint_dir)
-    return FrontendWorker(Frontend(checkpoint_dir, load_speakers(checkpoint_dir), cfg.sample_rate), cfg.chunk_size)
+    return FrontendWorker(Frontend(checkpoint_dir, load_speakers(checkpoint_dir), cfg.sample_rate), cfg.chunk_size, max_hop)
 
 
 def llm_factory(context, checkpoint_dir: str, dtype: str, max_num_seqs: int, kv_cache_bytes: int | None, cuda_graphs: bool,
@@ -82,7 +82,8 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     return Topology(
         name="cosyvoice3",
         stages=[
-            StageSpec("frontend", "fn", make(frontend_factory, checkpoint_dir=path), ("in",), ("llm", "cond")),
+            StageSpec("frontend", "fn", make(frontend_factory, checkpoint_dir=path, max_hop=int(options.get("max_hop", 100))),
+                      ("in",), ("llm", "cond")),
             StageSpec("llm", "ar", make(llm_factory, checkpoint_dir=path, dtype=llm_dtype, max_num_seqs=max_batch,
                                         kv_cache_bytes=None if kv is None else int(kv),
                                         cuda_graphs=bool(options.get("cuda_graphs", True)),
