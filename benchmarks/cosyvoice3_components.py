@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--preset", choices=["tiny", "full"], default="tiny")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--json")
     args = parser.parse_args()
     from omni_cosyvoice3.checkpoint import load_flow, load_hift
@@ -74,14 +75,14 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     directory = write_random_checkpoint(Path(tempfile.gettempdir()) / f"omni-bench-cosyvoice3-{args.preset}", args.preset)
     rows = []
-    for batch in (1, 8, 32):
+    for batch in args.batches:
         rows.append({"part": "llm decode step, RAS hook", "batch": batch, "ms": llm_step_ms(directory, device, dtype, batch, True)})
         rows.append({"part": "llm decode step, engine sampler", "batch": batch, "ms": llm_step_ms(directory, device, dtype, batch, False)})
         print(json.dumps(rows[-2:]), flush=True)
     flow = load_flow(directory).to(device=device, dtype=dtype)
     hift = load_hift(directory).to(device=device)
     for frames in (56, 256):
-        for batch in (1, 8, 32):
+        for batch in args.batches:
             tokens = frames // 2 + 3
             reqs = [FlowRequest(torch.randint(0, 6561, (tokens,)), 0, torch.zeros(0, 80), torch.randn(192), False, True)
                     for _ in range(batch)]
