@@ -111,7 +111,7 @@ class ASRBatcher:
         self.rows.extend(group)
         self.last_tokens.extend(tokens)
         finished = []
-        for offset, (chunk, token) in enumerate(zip(group, tokens)):
+        for offset, (chunk, token) in enumerate(zip(group, tokens, strict=True)):
             chunk.mel = None  # features are no longer needed once encoded
             if self._accept(chunk, token):
                 finished.append(first + offset)
@@ -119,7 +119,7 @@ class ASRBatcher:
 
     def _prefill(self, group: list[ChunkJob]) -> tuple[list[int], BatchKVCache]:
         audio = self.network.encode_many([chunk.mel for chunk in group])
-        prompts = [self.network.prompt_embeddings(c.prompt_ids, a) for c, a in zip(group, audio)]
+        prompts = [self.network.prompt_embeddings(c.prompt_ids, a) for c, a in zip(group, audio, strict=True)]
         logits, cache = self.decoder.prefill(prompts)
         tokens = self._sample(logits, [chunk.job.temperature for chunk in group]).tolist()
         return tokens, cache
@@ -129,7 +129,7 @@ class ASRBatcher:
         logits = self.decoder(self.decoder.embed_tokens(tokens), self.cache)
         sampled = self._sample(logits, [row.job.temperature for row in self.rows])
         finished = []
-        for index, (row, token) in enumerate(zip(self.rows, sampled.tolist())):
+        for index, (row, token) in enumerate(zip(self.rows, sampled.tolist(), strict=True)):
             self.last_tokens[index] = token
             if self._accept(row, token):
                 finished.append(index)

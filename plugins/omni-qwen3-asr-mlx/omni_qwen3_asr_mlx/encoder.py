@@ -105,7 +105,7 @@ class AudioEncoder(nn.Module):
         # lay each audio's tokens out in attention windows; padding rows are masked as keys
         window = cfg.window_tokens
         rows, valid, starts = [], [], []
-        for first, tokens in zip(first_chunk, token_counts):
+        for first, tokens in zip(first_chunk, token_counts, strict=True):
             windows = -(-tokens // window)
             starts.append(len(rows))
             position = np.arange(windows * window)
@@ -117,7 +117,7 @@ class AudioEncoder(nn.Module):
         for layer in self.layers:
             x = layer(x, (valid.shape[0], window), mask)
         x = self.ln_post(x)
-        return [x[start : start + tokens] for start, tokens in zip(starts, token_counts)]
+        return [x[start : start + tokens] for start, tokens in zip(starts, token_counts, strict=True)]
 
 
 class Projector(nn.Module):

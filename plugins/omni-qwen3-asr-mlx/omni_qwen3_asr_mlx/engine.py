@@ -51,7 +51,9 @@ def job_from_payload(request_id: str, payload: dict[str, Any], tokenizer) -> Tra
         forced_language=payload.get("language"),
     )
     offset = 0
-    pieces = zip(payload["chunk_frames"], payload["chunk_spans"], payload["prompt_ids"], payload["max_new_tokens"])
+    pieces = zip(
+        payload["chunk_frames"], payload["chunk_spans"], payload["prompt_ids"], payload["max_new_tokens"], strict=True
+    )
     for index, (frames, (start, end), prompt_ids, budget) in enumerate(pieces):
         job.chunks.append(
             ChunkJob(

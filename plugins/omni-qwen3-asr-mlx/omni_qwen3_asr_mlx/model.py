@@ -9,7 +9,7 @@ import numpy as np
 from .config import ASRConfig, load_config
 from .decoder import Decoder
 from .encoder import AudioEncoder, Projector
-from .weights import read_checkpoint, load_into
+from .weights import load_into, read_checkpoint
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -30,7 +30,7 @@ class ASRNetwork(nn.Module):
         encoded = self.audio_tower.encode_many(mels)
         lengths = np.cumsum([0] + [e.shape[0] for e in encoded])
         projected = self.projector(mx.concatenate(encoded))  # one matrix product for all audios
-        return [projected[int(a) : int(b)] for a, b in zip(lengths[:-1], lengths[1:])]
+        return [projected[int(a) : int(b)] for a, b in zip(lengths[:-1], lengths[1:], strict=True)]
 
     def prompt_embeddings(self, token_ids: list[int], audio: mx.array) -> mx.array:
         """Embed ``token_ids`` and put ``audio`` rows at the audio placeholder tokens: [1, n, hidden]."""

@@ -11,14 +11,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import save_file
-from transformers import Qwen3ASRFeatureExtractor, Qwen3ASRForConditionalGeneration
-
 from omni_qwen3_asr_mlx.config import audio_token_count
 from omni_qwen3_asr_mlx.features import FeatureSettings, LogMel
 from omni_qwen3_asr_mlx.frontend import Frontend
 from omni_qwen3_asr_mlx.model import load_network
 from omni_qwen3_asr_mlx.tokenizer import load_tokenizer
+from safetensors.numpy import save_file
+from transformers import Qwen3ASRFeatureExtractor, Qwen3ASRForConditionalGeneration
 
 from .conftest import noise_audio
 
