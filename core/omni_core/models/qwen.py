@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from omni_core.models.attention import ForwardContext
-from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, rope_theta
+from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, apply_rotary, rope_theta
 from omni_core.models.moe import SparseMoeBlock
 
 
@@ -47,7 +47,7 @@ class QwenAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
@@ -55,7 +55,7 @@ class QwenAttention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rotary(q, k, rope)
         out = ctx.attention(self.layer_index, q, k, v)
         return self.o_proj(out.reshape(T, -1))
 
@@ -78,8 +78,8 @@ class QwenDecoderLayer(nn.Module):
         else:
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, positions, rotary, ctx):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
+    def forward(self, x, rope, ctx):
+        x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -99,9 +99,10 @@ class QwenModel(nn.Module):
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = embeds
         ctx.capture(0, x)
+        rope = self.rotary.table(positions, x.dtype)
         last = len(self.layers)
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, self.rotary, ctx)
+            x = layer(x, rope, ctx)
             if i + 1 < last:
                 ctx.capture(i + 1, x)
         x = self.norm(x)
