@@ -19,16 +19,29 @@ class TransportUnavailable(RuntimeError):
 
 class Transport(ABC):
     name = "base"
+    supports_restart = True  # whether a stage process may be replaced while the pipeline runs
 
     def __init__(self, prefix: str = "omni", **options: Any):
         self.prefix = prefix
         self.options = options
 
     @abstractmethod
-    def pack(self, request_id: str, payload: dict[str, Any]) -> list[Any]: ...
+    def pack(self, request_id: str, payload: dict[str, Any], peer: int = 0) -> list[Any]:
+        """Frames for one payload sent to ``peer`` (the receiving process's rank: 0 is the runtime,
+        stage processes count from 1)."""
 
     @abstractmethod
-    def unpack(self, frames: list[Any]) -> dict[str, Any]: ...
+    def unpack(self, frames: list[Any], peer: int = 0) -> dict[str, Any]:
+        """The payload of frames received from ``peer``."""
+
+    def flush(self, peer: int = 0) -> None:
+        """Called right after the frames of ``pack`` were sent: a transport that moves tensors
+        outside the frames (torch.distributed) sends them now, in the same order as the frames."""
+        return None
+
+    def peer_options(self, peer: int) -> dict[str, Any]:
+        """Extra factory options for the transport of the stage process of rank ``peer``."""
+        return {}
 
     def release(self, request_id: str) -> None:
         """Free what is still held for the request (unconsumed buffers)."""

@@ -9,6 +9,7 @@ and checks every dtype and size it is told before it wraps a buffer.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,9 @@ class Encoded:
         return sum(m["nbytes"] for m in self.meta)
 
 
-def encode(payload: dict[str, Any]) -> Encoded:
+def encode(payload: dict[str, Any], keep_device: Callable[[torch.Tensor], bool] | None = None) -> Encoded:
+    """``keep_device(tensor)`` says which tensors stay where they are (a GPU transport);
+    the others are copied to host memory."""
     tensors: list[torch.Tensor] = []
     meta: list[dict[str, Any]] = []
 
@@ -79,7 +82,10 @@ def encode(payload: dict[str, Any]) -> Encoded:
         if dtype not in DTYPES:
             raise FramingError(f"tensor dtype {value.dtype} cannot cross a process boundary")
         device = str(value.device)
-        tensor = value.detach().to("cpu").contiguous()
+        tensor = value.detach()
+        tensor = (
+            tensor if keep_device is not None and keep_device(tensor) else tensor.to("cpu")
+        ).contiguous()
         meta.append(
             {
                 "dtype": dtype,

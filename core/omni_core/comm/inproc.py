@@ -10,8 +10,8 @@ from omni_core.comm.base import Transport
 class InprocTransport(Transport):
     name = "inproc"
 
-    def pack(self, request_id: str, payload: dict[str, Any]) -> list[Any]:
+    def pack(self, request_id: str, payload: dict[str, Any], peer: int = 0) -> list[Any]:
         return [payload]
 
-    def unpack(self, frames: list[Any]) -> dict[str, Any]:
+    def unpack(self, frames: list[Any], peer: int = 0) -> dict[str, Any]:
         return frames[0]

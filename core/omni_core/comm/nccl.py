@@ -1,19 +1,35 @@
-"""GPU-to-GPU transport: tensors move by torch.distributed point-to-point (NCCL) between stage
-processes; the msgpack metadata still travels on the control plane.
+"""GPU-to-GPU transport: tensors move by torch.distributed point-to-point between the runtime
+(rank 0) and its stage processes (ranks 1..n); the msgpack metadata still travels on the control
+plane, and host tensors ride in its frames.
 
-Selecting it where it cannot run fails at once with the reason and the alternatives.
+The runtime's transport hosts the rendezvous (a ``TCPStore``) and tells each stage process its
+rank (``peer_options``). Every process joins the group in a background thread at construction,
+so no process waits for another to start; ``pack``/``unpack`` wait for the group. Each direction
+between the runtime and a stage process has its own communicator (two groups per pair), and
+each side issues its sends (``flush``, after the frames) and receives (``unpack``) in frame
+order, so the two directions never wait on each other.
+
+``backend="gloo"`` runs the same code on host tensors (tests without GPUs). A stage process of
+this transport cannot be replaced while the pipeline runs (``supports_restart = False``): a
+group cannot re-admit a rank. Selecting ``nccl`` where CUDA or NCCL is missing fails at once.
 """
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
 from typing import Any
 
+import torch
+
+from omni_core.comm import framing
 from omni_core.comm.base import Transport, TransportUnavailable
+
+JOIN_TIMEOUT_S = 300.0
 
 
 def nccl_unavailable_reason() -> str | None:
     """Why NCCL cannot run here, or None when it can."""
-    import torch
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -27,21 +43,170 @@ def nccl_unavailable_reason() -> str | None:
 
 class NcclTransport(Transport):
     name = "nccl"
+    supports_restart = False
 
-    def __init__(self, prefix: str = "omni", **options: Any):
+    def __init__(
+        self,
+        prefix: str = "omni",
+        *,
+        peers: int = 0,
+        rank: int = 0,
+        world_size: int | None = None,
+        store: str | None = None,
+        device: str | None = None,
+        backend: str = "nccl",
+        host: str = "127.0.0.1",
+        **options: Any,
+    ):
         super().__init__(prefix, **options)
-        reason = nccl_unavailable_reason()
-        if reason is not None:
-            raise TransportUnavailable(
-                f"transport 'nccl' needs CUDA GPUs with NCCL: {reason}; "
-                "use 'shm' between processes of one host or 'zmq' across hosts"
+        import torch.distributed as dist
+
+        if backend == "nccl":
+            reason = nccl_unavailable_reason()
+            if reason is not None:
+                raise TransportUnavailable(
+                    f"transport 'nccl' needs CUDA GPUs with NCCL: {reason}; "
+                    "use 'shm' between processes of one host or 'zmq' across hosts"
+                )
+            if device is None or not device.startswith("cuda"):
+                raise TransportUnavailable(
+                    f"transport 'nccl' needs the runtime and its stage processes on CUDA devices, got {device!r}"
+                )
+        elif backend != "gloo":
+            raise TransportUnavailable(f"transport 'nccl': backend must be 'nccl' or 'gloo', got {backend!r}")
+        self.backend = backend
+        self.device = torch.device(device) if backend == "nccl" else torch.device("cpu")
+        self.rank = rank
+        self.world_size = world_size if world_size is not None else peers + 1
+        if rank == 0:
+            self.store = dist.TCPStore(
+                host,
+                0,
+                self.world_size,
+                True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=JOIN_TIMEOUT_S),
             )
-        raise TransportUnavailable(
-            "transport 'nccl' is not wired into stage processes yet; use 'shm' or 'zmq'"
-        )
+            self.store_address = f"{host}:{self.store.port}"
+        else:
+            if store is None:
+                raise TransportUnavailable(
+                    "transport 'nccl': a stage process needs the runtime's store address"
+                )
+            store_host, _, port = store.rpartition(":")
+            self.store = dist.TCPStore(
+                store_host, int(port), self.world_size, False, timeout=timedelta(seconds=JOIN_TIMEOUT_S)
+            )
+            self.store_address = store
+        self._to_peer: dict[int, Any] = {}  # stage rank -> group for runtime -> stage
+        self._from_peer: dict[int, Any] = {}  # stage rank -> group for stage -> runtime
+        self._pending: dict[int, list[torch.Tensor]] = {}
+        self._joined = threading.Event()
+        self._join_error: BaseException | None = None
+        if self.world_size > 1:
+            threading.Thread(target=self._join, name="omni-nccl-join", daemon=True).start()
+        else:
+            self._joined.set()
 
-    def pack(self, request_id: str, payload: dict[str, Any]) -> list[Any]:  # pragma: no cover
-        raise TransportUnavailable("nccl transport is not available")
+    # -- group ------------------------------------------------------------------------------------
 
-    def unpack(self, frames: list[Any]) -> dict[str, Any]:  # pragma: no cover
-        raise TransportUnavailable("nccl transport is not available")
+    def _join(self) -> None:
+        import torch.distributed as dist
+
+        try:
+            if self.backend == "nccl":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(
+                self.backend,
+                store=self.store,
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=timedelta(seconds=JOIN_TIMEOUT_S),
+            )
+            for peer in range(1, self.world_size):  # every rank creates every group, in one order
+                self._to_peer[peer] = dist.new_group([0, peer], backend=self.backend)
+                self._from_peer[peer] = dist.new_group([0, peer], backend=self.backend)
+        except BaseException as exc:
+            self._join_error = exc
+        finally:
+            self._joined.set()
+
+    def _wait_joined(self) -> None:
+        if not self._joined.wait(JOIN_TIMEOUT_S) or self._join_error is not None:
+            raise TransportUnavailable(
+                f"transport 'nccl': the process group did not form: {self._join_error}"
+            )
+
+    def _group(self, sender: int, receiver: int):
+        return self._to_peer[receiver] if sender == 0 else self._from_peer[sender]
+
+    def peer_options(self, peer: int) -> dict[str, Any]:
+        return {
+            "rank": peer,
+            "world_size": self.world_size,
+            "store": self.store_address,
+            "backend": self.backend,
+        }
+
+    # -- frames -----------------------------------------------------------------------------------
+
+    def _travels_in_group(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type == self.device.type
+
+    def pack(self, request_id: str, payload: dict[str, Any], peer: int = 0) -> list[Any]:
+        encoded = framing.encode(payload, keep_device=self._travels_in_group)
+        frames: list[Any] = []
+        direct: list[torch.Tensor] = []
+        for tensor, meta in zip(encoded.tensors, encoded.meta, strict=True):
+            if self._travels_in_group(tensor) and tensor.numel():
+                meta["via"] = "group"
+                direct.append(tensor)
+            else:
+                tensor = tensor.to("cpu")
+                frames.append(framing.as_bytes(tensor).numpy())
+        if direct:
+            self._pending.setdefault(peer, []).extend(direct)
+        header = framing.pack_header({"body": encoded.body, "tensors": encoded.meta})
+        return [header, *frames]
+
+    def flush(self, peer: int = 0) -> None:
+        tensors = self._pending.pop(peer, [])
+        if not tensors:
+            return
+        import torch.distributed as dist
+
+        self._wait_joined()
+        group = self._group(self.rank, peer)
+        for tensor in tensors:
+            dist.send(tensor, dst=peer, group=group)
+
+    def unpack(self, frames: list[Any], peer: int = 0) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        header = framing.unpack_header(_buffer(frames[0]))
+        tensors, framed = [], iter(frames[1:])
+        for meta in header.get("tensors", []):
+            if meta.get("via") == "group":
+                dtype = framing.DTYPES.get(meta.get("dtype"))
+                if dtype is None:
+                    raise framing.FramingError(f"unknown tensor dtype {meta.get('dtype')!r}")
+                self._wait_joined()
+                tensor = torch.empty([int(d) for d in meta["shape"]], dtype=dtype, device=self.device)
+                dist.recv(tensor, src=peer, group=self._group(peer, self.rank))
+                tensors.append(tensor)
+            else:
+                frame = next(framed, None)
+                if frame is None:
+                    raise framing.FramingError("a tensor frame is missing")
+                tensors.append(framing.wrap(_buffer(frame), meta))
+        return framing.decode(header["body"], tensors)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self._joined.is_set() and self._join_error is None and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _buffer(frame: Any) -> Any:
+    return frame.buffer if hasattr(frame, "buffer") else frame

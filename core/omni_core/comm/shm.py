@@ -58,7 +58,7 @@ class ShmTransport(Transport):
 
     # -- sending ----------------------------------------------------------------------------------
 
-    def pack(self, request_id: str, payload: dict[str, Any]) -> list[Any]:
+    def pack(self, request_id: str, payload: dict[str, Any], peer: int = 0) -> list[Any]:
         encoded = framing.encode(payload)
         offsets, size = framing.layout(encoded.meta)
         header: dict[str, Any] = {"body": encoded.body, "tensors": encoded.meta, "offsets": offsets}
@@ -95,7 +95,7 @@ class ShmTransport(Transport):
 
     # -- receiving --------------------------------------------------------------------------------
 
-    def unpack(self, frames: list[Any]) -> dict[str, Any]:
+    def unpack(self, frames: list[Any], peer: int = 0) -> dict[str, Any]:
         header = framing.unpack_header(frames[0])
         meta, offsets = header.get("tensors", []), header.get("offsets", [])
         if len(offsets) != len(meta):

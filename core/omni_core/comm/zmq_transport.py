@@ -16,12 +16,12 @@ from omni_core.comm.base import Transport
 class ZmqTransport(Transport):
     name = "zmq"
 
-    def pack(self, request_id: str, payload: dict[str, Any]) -> list[Any]:
+    def pack(self, request_id: str, payload: dict[str, Any], peer: int = 0) -> list[Any]:
         encoded = framing.encode(payload)
         header = framing.pack_header({"body": encoded.body, "tensors": encoded.meta})
         return [header, *(framing.as_bytes(t).numpy() for t in encoded.tensors)]
 
-    def unpack(self, frames: list[Any]) -> dict[str, Any]:
+    def unpack(self, frames: list[Any], peer: int = 0) -> dict[str, Any]:
         header = framing.unpack_header(_buffer(frames[0]))
         meta = header.get("tensors", [])
         if len(frames) != len(meta) + 1:

@@ -32,9 +32,10 @@ def bind_address(socket: zmq.Socket, control: str, ipc_path: str) -> str:
 class Channel:
     """One direction of the control plane; sends are serialised (zmq sockets are not thread-safe)."""
 
-    def __init__(self, socket: zmq.Socket, transport: Any):
+    def __init__(self, socket: zmq.Socket, transport: Any, peer: int = 0):
         self.socket = socket
         self.transport = transport
+        self.peer = peer  # rank of the process at the other end (0: the runtime)
         self._lock = threading.Lock()
 
     def send(self, header: dict[str, Any], frames: list[Any] = ()) -> None:
@@ -43,7 +44,6 @@ class Channel:
 
     def send_message(self, op: str, message: Message) -> None:
         """Frame the payload first: a payload that cannot travel raises ``FramingError`` here."""
-        frames = self.transport.pack(message.request_id, message.payload)
         header = {
             "op": op,
             "rid": message.request_id,
@@ -51,7 +51,10 @@ class Channel:
             "end": message.end,
             "seq": message.seq,
         }
-        self.send(header, frames)
+        with self._lock:  # frames, then what travels beside them: one order per direction
+            frames = self.transport.pack(message.request_id, message.payload, self.peer)
+            self.socket.send_multipart([framing.pack_header(header), *frames], copy=False)
+            self.transport.flush(self.peer)
 
     def close(self) -> None:
         with self._lock:
@@ -59,7 +62,7 @@ class Channel:
 
 
 def receive(
-    socket: zmq.Socket, transport: Any, timeout_ms: int
+    socket: zmq.Socket, transport: Any, timeout_ms: int, peer: int = 0
 ) -> tuple[dict[str, Any], Message | None] | None:
     """The next control message within ``timeout_ms``, or None. A payload is always unpacked
     (shared memory is consumed even when the request is already gone); one that cannot be
@@ -71,7 +74,7 @@ def receive(
     if header.get("op") not in ("msg", "emit"):
         return header, None
     try:
-        payload = transport.unpack(frames[1:])
+        payload = transport.unpack(frames[1:], peer)
     except framing.FramingError as exc:
         header["unpack_error"] = str(exc)
         return header, None

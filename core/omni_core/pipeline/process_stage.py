@@ -33,12 +33,13 @@ class StageProcessError(RuntimeError):
 
 
 class ProcessStage(Executor):
-    def __init__(self, pipeline: Any, stage: Any, device: str, emit, fail):
+    def __init__(self, pipeline: Any, stage: Any, device: str, emit, fail, peer: int = 1):
         super().__init__(stage, StageContext(stage.name, device, emit, fail, options=dict(stage.options)))
         self.name = stage.name
         self.device = device
         self.pipeline = pipeline
         self.transport = pipeline._transport
+        self.peer = peer  # this stage process's rank on the transport (the runtime is 0)
         self._emit, self._fail = emit, fail
         self.start_timeout_s = float(stage.options.get("start_timeout_s", START_TIMEOUT_S))
         self._zmq = zmq.Context()
@@ -87,6 +88,7 @@ class ProcessStage(Executor):
                 plugins_needed(
                     self.pipeline.plugin_manager, self.stage, self.pipeline.transport_name, self.device
                 ),
+                self.transport.peer_options(self.peer),
             ),
             name=f"omni-stage-{self.name}",
             daemon=True,
@@ -101,7 +103,7 @@ class ProcessStage(Executor):
             raise
         with self._lock:
             old = (self._out, self._pull)
-            self._process, self._pull, self._out = process, pull, Channel(push, self.transport)
+            self._process, self._pull, self._out = process, pull, Channel(push, self.transport, self.peer)
             self.pid = process.pid
         for sock in old:
             if sock is not None:
@@ -110,7 +112,7 @@ class ProcessStage(Executor):
     def _await_ready(self, process, pull) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            received = receive(pull, self.transport, POLL_MS)
+            received = receive(pull, self.transport, POLL_MS, self.peer)
             if received is not None:
                 header, _ = received
                 if header.get("op") == "ready":
@@ -204,7 +206,7 @@ class ProcessStage(Executor):
                     return
                 pull, process = self._pull, self._process
             try:
-                received = receive(pull, self.transport, POLL_MS)
+                received = receive(pull, self.transport, POLL_MS, self.peer)
             except zmq.ZMQError:
                 received = None  # socket closed by stop()
             if received is not None:
@@ -234,6 +236,17 @@ class ProcessStage(Executor):
             self.restarts += 1
         if self.pid is not None:
             self.transport.release_process(self.pid)  # shared memory the dead child had written
+        if not self.transport.supports_restart:
+            reason = (
+                f"stage process died (exit code {exitcode}); transport {self.transport.name!r} "
+                "cannot take a restarted process: restart the pipeline"
+            )
+            with self._lock:
+                self._state, self._dead_reason = "dead", reason
+                waiting, self._waiting = self._waiting, []
+            for request_id in lost | {m.request_id for m in waiting}:
+                self._fail(request_id, reason)
+            return
         reason = f"stage process died (exit code {exitcode}); it is being restarted"
         for request_id in lost:
             self._fail(request_id, reason)

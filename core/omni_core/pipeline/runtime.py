@@ -50,6 +50,7 @@ class Pipeline:
         rebuild: Callable[[], Topology] | None = None,
         control: str = "ipc",
         max_running: int = 1024,
+        transport_options: dict[str, Any] | None = None,
     ):
         topology.validate()
         if plugin_manager is None:
@@ -60,6 +61,7 @@ class Pipeline:
         self.plugin_manager = plugin_manager
         self.device = device
         self.transport_name = transport
+        self.transport_options = dict(transport_options or {})
         self.control = control
         self.rebuild = rebuild
         self.max_running = max_running
@@ -113,13 +115,15 @@ class Pipeline:
                 self._transport = self._make_transport()
                 # also at interpreter exit, should shutdown() never be called
                 weakref.finalize(self, self._transport.close)
+            peers = 0
             for stage in self.topology.stages:
                 device = stage.device or self.device
                 emit, fail = self._callbacks(stage.name)
                 if self.placement[stage.name] == "process":
                     from omni_core.pipeline.process_stage import ProcessStage
 
-                    executor: Executor = ProcessStage(self, stage, device, emit, fail)
+                    peers += 1
+                    executor: Executor = ProcessStage(self, stage, device, emit, fail, peer=peers)
                 else:
                     executor = build_executor(
                         stage, device=device, emit=emit, fail=fail, plugin_manager=self.plugin_manager
@@ -134,7 +138,10 @@ class Pipeline:
 
     def _make_transport(self):
         spec = self.plugin_manager.transport(self.transport_name)
-        return spec.factory({"prefix": self.prefix})
+        peers = sum(1 for p in self.placement.values() if p == "process")
+        return spec.factory(
+            {**self.transport_options, "prefix": self.prefix, "peers": peers, "device": self.device}
+        )
 
     def _start_all(self) -> None:
         """Start every executor; process stages spawn concurrently (each pays the interpreter start)."""

@@ -32,6 +32,7 @@ def run_stage_process(
     outbox: str,
     parent_pid: int,
     plugins: list[str] | None = None,
+    transport_options: dict[str, Any] | None = None,
 ) -> None:
     context = zmq.Context()
     pull = context.socket(zmq.PULL)
@@ -43,7 +44,8 @@ def run_stage_process(
 
         # only the plugins this stage needs: others may be slow to import
         plugins = PluginManager(selection=None if plugins is None else set(plugins))
-        transport = plugins.transport(transport_name).factory({"prefix": prefix})
+        options = {"prefix": prefix, "device": device, **(transport_options or {})}
+        transport = plugins.transport(transport_name).factory(options)
         out = Channel(push, transport)
         executor = _start_executor(rebuild, stage_name, device, plugins, out)
     except BaseException as exc:
