@@ -7,7 +7,6 @@ import functools
 
 import pytest
 import torch
-
 from omni_core.hooks import PluginManager
 from omni_core.pipeline import Edge, Pipeline, StageSpec, Topology
 
