@@ -43,16 +43,17 @@ def run_stage_process(
         from omni_core.hooks import PluginManager
 
         # only the plugins this stage needs: others may be slow to import
-        plugins = PluginManager(selection=None if plugins is None else set(plugins))
+        manager = PluginManager(selection=None if plugins is None else set(plugins))
         options = {"prefix": prefix, "device": device, **(transport_options or {})}
-        transport = plugins.transport(transport_name).factory(options)
+        transport = manager.transport(transport_name).factory(options)
         out = Channel(push, transport)
-        executor = _start_executor(rebuild, stage_name, device, plugins, out)
+        executor = _start_executor(rebuild, stage_name, device, manager, out)
     except BaseException as exc:
         Channel(push, None).send(
             {"op": "error", "message": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
         )
-        push.close(linger=2000)
+        pull.close(linger=0)
+        push.close(linger=2000)  # let the error reach the runtime
         context.term()
         return
     out.send({"op": "ready", "pid": os.getpid()})
