@@ -22,6 +22,7 @@ class Routes:
         self.entry_stage, self.entry_port = split_port(topology.entry)
         self.by_src: dict[str, list[tuple[int, Edge, str, str]]] = defaultdict(list)
         self.terminals: dict[str, list[str]] = defaultdict(list)  # "stage.port" -> output names
+        self.outputs = {stage.name: tuple(stage.outputs) for stage in topology.stages}
         message_in: dict[str, int] = defaultdict(int)
         for index, edge in enumerate(topology.edges):
             dst_stage, dst_port = split_port(edge.dst)

@@ -241,6 +241,14 @@ class Pipeline:
         return emit, fail
 
     def _route(self, stage: str, message: Message) -> None:
+        if message.port not in self.routes.outputs[stage]:
+            self._fail(
+                stage,
+                message.request_id,
+                f"emitted on {message.port!r}, which is not one of its "
+                f"outputs {list(self.routes.outputs[stage])}",
+            )
+            return
         with self._lock:
             request = self._requests.get(message.request_id)
             if request is None:

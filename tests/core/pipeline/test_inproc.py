@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from omni_core.pipeline import Pipeline, PipelineFull, RequestFailed
+from omni_core.pipeline import Pipeline, PipelineFull, RequestFailed, StageSpec, Topology
 
 from tests.core.pipeline import toy_topologies as toy
 
@@ -127,3 +127,31 @@ def test_async_iteration_and_request_limits():
             pipeline.submit(["not", "a", "dict"])
     with pytest.raises(RuntimeError, match="not running"):
         pipeline.submit({"text": "after shutdown"})
+
+
+def wrong_port_factory(context):
+    def run(message, emit):
+        emit("wav", {"x": 1})
+
+    return run
+
+
+def test_emitting_on_an_undeclared_output_fails_the_request_clearly():
+    topology = Topology(
+        stages=[StageSpec("vocoder", "fn", wrong_port_factory, outputs=("audio",))],
+        edges=[],
+        entry="vocoder.in",
+        outputs={"audio": "vocoder.audio"},
+    )
+    with Pipeline(topology, plugin_manager=toy.core_plugins()) as pipeline:
+        with pytest.raises(
+            RequestFailed, match="stage 'vocoder' failed: emitted on 'wav', which is not one of its outputs"
+        ):
+            pipeline.submit({}).collect(timeout=10)
+
+        async def consume():
+            return [event async for event in pipeline.submit({})]
+
+        with pytest.raises(RequestFailed, match="'wav'"):  # the same from an event loop
+            asyncio.run(consume())
+        assert pipeline.stats()["running"] == 0
