@@ -8,6 +8,7 @@ a new child is spawned, and messages submitted meanwhile wait and then go to the
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import shutil
@@ -22,6 +23,8 @@ from omni_core.comm.framing import FramingError
 from omni_core.pipeline.control import Channel, bind_address, receive
 from omni_core.pipeline.stage_process import run_stage_process
 from omni_core.scheduler.executor import Executor, Message, StageContext
+
+log = logging.getLogger(__name__)
 
 POLL_MS = 50  # the monitor's poll interval: also how soon a dead child is noticed
 START_TIMEOUT_S = 180.0
@@ -234,6 +237,13 @@ class ProcessStage(Executor):
             self._state = "restarting"
             lost, self._inflight = self._inflight, set()
             self.restarts += 1
+        log.warning(
+            "stage %r: process %s died (exit code %s); %d request(s) fail",
+            self.name,
+            self.pid,
+            exitcode,
+            len(lost),
+        )
         if self.pid is not None:
             self.transport.release_process(self.pid)  # shared memory the dead child had written
         if not self.transport.supports_restart:
@@ -250,12 +260,13 @@ class ProcessStage(Executor):
         reason = f"stage process died (exit code {exitcode}); it is being restarted"
         for request_id in lost:
             self._fail(request_id, reason)
-        for _attempt in range(MAX_RESTARTS_IN_A_ROW):
+        for attempt in range(MAX_RESTARTS_IN_A_ROW):
             try:
                 self._spawn_and_wait()
                 break
             except Exception as exc:
                 reason = f"stage process could not be restarted: {exc}"
+                log.error("stage %r: restart %d failed: %s", self.name, attempt + 1, exc)
         else:
             with self._lock:
                 self._state, self._dead_reason = "dead", reason

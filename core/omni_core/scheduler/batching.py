@@ -74,6 +74,7 @@ class _QueuedExecutor(Executor):
         with self._cond:
             self._stopping = True
             self._queue.clear()
+            self._known.clear()  # a running call ends at its next emit
             self._cond.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)

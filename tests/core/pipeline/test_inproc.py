@@ -155,3 +155,14 @@ def test_emitting_on_an_undeclared_output_fails_the_request_clearly():
         with pytest.raises(RequestFailed, match="'wav'"):  # the same from an event loop
             asyncio.run(consume())
         assert pipeline.stats()["running"] == 0
+
+
+def test_shutdown_fails_what_still_runs_and_is_idempotent():
+    pipeline = Pipeline(toy.cosyvoice_like(delay_s=0.02), plugin_manager=toy.core_plugins()).start()
+    handle = pipeline.submit({"text": "long", "steps": 2000})
+    assert handle.get(timeout=10).name == "audio"
+    pipeline.shutdown()
+    with pytest.raises(RequestFailed, match="pipeline shut down"):
+        list(handle)
+    pipeline.shutdown()
+    assert all(s["busy"] == 0 for s in pipeline.stats()["stages"].values())
