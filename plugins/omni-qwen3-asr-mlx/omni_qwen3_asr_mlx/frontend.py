@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from omni_core.serve.exceptions import InvalidInput
+
 from .config import audio_token_count, load_config
 from .features import FeatureSettings, LogMel
 from .text import build_prompt, language_name
@@ -52,25 +54,25 @@ class Frontend:
     def prepare(self, payload: dict[str, Any]) -> dict[str, Any]:
         audio = payload.get("audio")
         if audio is None:
-            raise ValueError("transcription needs 'audio'")
+            raise InvalidInput("transcription needs 'audio'")
         if hasattr(audio, "detach"):
             audio = audio.detach().cpu().numpy()
         audio = np.asarray(audio, dtype=np.float32)
         if audio.ndim == 2:  # several channels: mix down
             audio = audio.mean(axis=0 if audio.shape[0] < audio.shape[1] else 1)
         if audio.ndim != 1 or audio.size == 0:
-            raise ValueError(f"audio must be non-empty mono samples, got shape {tuple(audio.shape)}")
+            raise InvalidInput(f"audio must be non-empty mono samples, got shape {tuple(audio.shape)}")
         if not np.isfinite(audio).all():
-            raise ValueError("audio contains NaN or infinite samples")
+            raise InvalidInput("audio contains NaN or infinite samples")
         rate = self.settings.sampling_rate
         duration = audio.size / rate
         if duration > self.max_audio_seconds:
-            raise ValueError(f"audio lasts {duration:.0f} s; the limit is {self.max_audio_seconds:.0f} s")
+            raise InvalidInput(f"audio lasts {duration:.0f} s; the limit is {self.max_audio_seconds:.0f} s")
         language = language_name(payload.get("language"))
         context = self._plain(payload.get("prompt") or "")
         temperature = float(payload.get("temperature") or 0.0)
         if not 0.0 <= temperature <= 2.0:
-            raise ValueError("temperature must be between 0 and 2")
+            raise InvalidInput("temperature must be between 0 and 2")
 
         mels, frames, spans, prompts, budgets = [], [], [], [], []
         for start, stop in split_audio(audio, rate, self.chunk_seconds):
@@ -96,7 +98,7 @@ class Frontend:
     def _plain(self, context: str) -> str:
         """The user's context without control tokens, so it cannot end its turn or fake audio."""
         if not isinstance(context, str):
-            raise ValueError("prompt must be a string")
+            raise InvalidInput("prompt must be a string")
         for token in self.special_tokens:
             context = context.replace(token, "")
         return context

@@ -7,6 +7,8 @@ otherwise the ``language X`` prefix is held back from the stream and parsed.
 
 from __future__ import annotations
 
+from omni_core.serve.exceptions import InvalidInput
+
 ASR_MARKER = "<asr_text>"
 # the prefix the model writes before the marker is a few tokens; past this, there is no prefix
 PREFIX_TOKEN_LIMIT = 16
@@ -26,7 +28,7 @@ UNSPACED = {"Chinese", "Cantonese", "Japanese", "Thai"}
 
 
 def language_name(value: str | None) -> str | None:
-    """ISO code or English name -> the name the model was trained with; ValueError if unknown."""
+    """ISO code or English name -> the name the model was trained with; InvalidInput if unknown."""
     if value is None or not value.strip():
         return None
     key = value.strip().lower()
@@ -34,7 +36,7 @@ def language_name(value: str | None) -> str | None:
         return LANGUAGES[key]
     if key in _BY_NAME:
         return _BY_NAME[key]
-    raise ValueError(f"unsupported language {value!r}; supported: {', '.join(sorted(LANGUAGES))}")
+    raise InvalidInput(f"unsupported language {value!r}; supported: {', '.join(sorted(LANGUAGES))}")
 
 
 def language_code(name: str | None) -> str | None:
