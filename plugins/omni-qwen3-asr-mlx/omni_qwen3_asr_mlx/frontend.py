@@ -7,7 +7,6 @@ import math
 from typing import Any
 
 import numpy as np
-
 from omni_core.serve.exceptions import InvalidInput
 
 from .config import audio_token_count, load_config
