@@ -3,6 +3,7 @@ Linux) and registers its entry point."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,9 +15,11 @@ PLUGIN = Path(__file__).resolve().parents[3] / "plugins" / "omni-qwen3-asr-mlx"
 
 
 def test_wheel_declares_mlx_per_platform(tmp_path):
+    source = tmp_path / "source"  # a copy: the build writes its scratch folders next to the sources
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "-w", str(tmp_path), str(PLUGIN)],
+         "--disable-pip-version-check", "-w", str(tmp_path), str(source)],
         check=True, capture_output=True, text=True,
     )
     wheel = next(tmp_path.glob("omni_qwen3_asr_mlx-*.whl"))
