@@ -25,9 +25,9 @@ class ARExecutor(Executor):
         self.worker = worker
         hooks = worker.hooks
         pm = self.context.plugin_manager
-        if hooks is None and pm is not None and hasattr(pm, "pm"):
-            family = self.context.options.get("family", "")
-            hooks = pm.pm.hook.omni_stage_hooks(family=family, stage=self.context.stage, options=self.context.options)
+        if hooks is None and pm is not None and hasattr(pm, "stage_hooks"):
+            options = getattr(self.stage, "options", None) or self.context.options
+            hooks = pm.stage_hooks(options.get("family", ""), self.context.stage, options)
         self.engine = AREngine(worker.model, worker.engine_config, hooks=hooks, device=self.context.device)
         self._seq: dict[str, dict[str, int]] = {}  # request id -> port -> next chunk number
         self._aborting: set[str] = set()  # aborted, but the loop may still deliver one step

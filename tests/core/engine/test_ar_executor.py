@@ -150,3 +150,35 @@ def test_async_stream_and_early_exit_frees_blocks(tiny_model):
         assert aengine.loop.stats["kv_blocks_free"] == 64
     finally:
         aengine.shutdown()
+
+
+def test_hooks_come_from_a_plugin_when_the_worker_has_none(tiny_model):
+    from types import SimpleNamespace
+
+    from omni_core.hooks import PluginManager, hookimpl
+    from omni_core.scheduler import ARHooks
+
+    class AlwaysSeven(ARHooks):
+        def sample(self, batch, logits):
+            return torch.full((logits.shape[0],), 7, dtype=torch.int64)
+
+    seen = []
+
+    @hookimpl
+    def omni_stage_hooks(family, stage, options):
+        seen.append((family, stage))
+        return AlwaysSeven() if family == "fam" else None
+
+    manager = PluginManager(entry_points=[], selection=None)
+    manager.register_object("hooks-provider", SimpleNamespace(omni_stage_hooks=omni_stage_hooks))
+    collector = Collector()
+    stage = StageSpec("llm", "ar", lambda ctx: ARStageWorker(tiny_model, engine_config=EngineConfig(block_size=4, num_kv_blocks=32)), options={"family": "fam"})
+    context = StageContext("llm", "cpu", collector.emit, collector.fail, options={"family": "fam"}, plugin_manager=manager)
+    executor = get_plugin_manager().engine("ar").build(stage, context)
+    executor.start()
+    try:
+        executor.submit(Message("r", "in", {"prompt_token_ids": [1, 2], "sampling": {"max_tokens": 3, "ignore_eos": True}}))
+        assert collector.wait(lambda c: c.ended("r"))
+    finally:
+        executor.stop()
+    assert seen == [("fam", "llm")] and collector.tokens("r") == [7, 7, 7]
