@@ -140,3 +140,22 @@ def test_a_broken_chunk_fails_alone(runtime, frontend):
         assert batcher.step() == []
     assert [r for r, _, final in events if final is not None] == ["good"]
     assert not batcher.jobs and batcher.cache.nbytes() == 0
+
+
+@pytest.mark.parametrize(
+    ("answer", "language", "words"),
+    [
+        ("language German<asr_text> Grüße aus Köln", "German", "Grüße aus Köln"),
+        ("language None<asr_text>", None, ""),
+        ("no marker at all, just words that run on", None, "no marker at all, just words that run on"),
+    ],
+)
+def test_chunk_text_parses_the_language_prefix_and_streams_whole_characters(runtime, answer, language, words):
+    from omni_qwen3_asr_mlx.text import ChunkText
+
+    text = ChunkText(runtime.tokenizer, None)
+    deltas = [text.push(token) for token in runtime.tokenizer.encode(answer, add_special_tokens=False)]
+    deltas.append(text.finish())
+    assert "".join(deltas) == text.text == words
+    assert text.language == language
+    assert not any("\ufffd" in d or "<asr_text>" in d for d in deltas)
