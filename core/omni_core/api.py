@@ -87,6 +87,8 @@ class Omni:
         *,
         device: str = "auto",
         stage_mode: str = "inproc",
+        placement: dict[str, str] | None = None,
+        stage_devices: dict[str, str] | None = None,
         options: dict[str, Any] | None = None,
         voices_dir: str | None = None,
         limits: Limits | None = None,
@@ -108,11 +110,17 @@ class Omni:
         say(f"building the {self.family} topology from {self.checkpoint_dir}")
         rebuild = functools.partial(self.spec.build, self.checkpoint_dir, self.options)
         topology = rebuild()
-        from omni_core.pipeline import Pipeline
+        from omni_core.pipeline import Pipeline, TopologyError
 
+        for stage_name, stage_device in (stage_devices or {}).items():
+            try:
+                topology.stage(stage_name).device = stage_device
+            except TopologyError as exc:
+                raise ValueError(f"stage device: {exc}") from None
         self.pipeline = Pipeline(
             topology,
             stage_mode=stage_mode,
+            placement=placement,
             device=self.device,
             plugin_manager=self.plugin_manager,
             rebuild=rebuild,

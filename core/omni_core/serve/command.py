@@ -54,6 +54,17 @@ def _run_server(app, state, host: str, port: int, log_level: str, grace_s: float
     return 1 if state.load_error else 0
 
 
+def _stage_map(items: tuple[str, ...], option: str) -> dict[str, str]:
+    """Parses repeated ``STAGE=VALUE`` options."""
+    mapping = {}
+    for item in items:
+        stage, sep, value = item.partition("=")
+        if not sep or not stage.strip() or not value.strip():
+            raise ValueError(f"{option} takes STAGE=VALUE, got {item!r}")
+        mapping[stage.strip()] = value.strip()
+    return mapping
+
+
 @click.command("serve")
 @click.option("--family", required=True, help="Model family to serve (see `omni plugins list`).")
 @click.option(
@@ -93,6 +104,18 @@ def _run_server(app, state, host: str, port: int, log_level: str, grace_s: float
 )
 @click.option("--stage-mode", type=click.Choice(["inproc", "process"]), default="inproc", show_default=True)
 @click.option(
+    "--placement",
+    multiple=True,
+    metavar="STAGE=inproc|process",
+    help="Where one stage runs, overriding --stage-mode for it (repeatable), e.g. --placement flow=process.",
+)
+@click.option(
+    "--stage-device",
+    multiple=True,
+    metavar="STAGE=DEVICE",
+    help="The device of one stage (repeatable), e.g. --stage-device llm=cuda:0 --stage-device flow=cuda:1.",
+)
+@click.option(
     "--voices-dir",
     default=None,
     type=click.Path(file_okay=False),
@@ -130,6 +153,8 @@ def serve(
     max_running,
     max_queued,
     stage_mode,
+    placement,
+    stage_device,
     voices_dir,
     served_model_name,
     max_input_chars,
@@ -147,6 +172,12 @@ def serve(
     from omni_core.serve.inputs import Limits
     from omni_core.serve.state import ServeConfig
 
+    try:
+        placement_map = _stage_map(placement, "--placement")
+        stage_devices = _stage_map(stage_device, "--stage-device")
+    except ValueError as exc:
+        click.echo(f"omni serve: {exc}", err=True)
+        sys.exit(2)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console = _console()
     manager = get_plugin_manager()
@@ -189,6 +220,8 @@ def serve(
             checkpoint_dir=checkpoint,
             device=device,
             stage_mode=stage_mode,
+            placement=placement_map,
+            stage_devices=stage_devices,
             voices_dir=voices_dir,
             limits=config.limits,
             plugin_manager=manager,

@@ -137,3 +137,42 @@ def test_sigterm_drains_then_exits_0_and_voices_survive_restart(testfamily_site,
         assert spoken.status_code == 200 and len(spoken.content) == len(b"still here") * 400 * 2
     finally:
         assert again.stop() == 0
+
+
+def test_malformed_placement_exits_2(testfamily_site):
+    result = run_omni(
+        ["serve", "--family", "testfamily", "--preset", "tiny", "--placement", "tts"],
+        env_with_path(testfamily_site, OMNI_PLUGINS="testfamily"),
+    )
+    assert result.returncode == 2
+    assert "--placement takes STAGE=VALUE, got 'tts'" in result.stderr
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as handle:
+        return [int(child) for child in handle.read().split()]
+
+
+def test_placement_runs_one_stage_in_its_own_process(testfamily_site, tmp_path):
+    server = ServerProcess(testfamily_site, tmp_path, "--api-key", API_KEY, "--placement", "tts=process")
+    try:
+        server.wait_ready(timeout_s=120)
+        children = _children(server.process.pid)
+        commands = [open(f"/proc/{child}/cmdline").read() for child in children]
+        assert any("multiprocessing" in command for command in commands), commands
+        reply = httpx.post(f"{server.url}/v1/audio/speech", headers=HEADERS, timeout=60,
+                           json={"model": "testfamily", "input": "placed elsewhere", "voice": "alloy",
+                                 "response_format": "pcm"})
+        assert reply.status_code == 200, reply.text
+        assert len(reply.content) > 1000
+    finally:
+        assert server.stop() == 0, server.log()
+    assert not [c for c in children if _alive(c)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
