@@ -94,13 +94,14 @@ class AudioEncoder(nn.Module):
             pieces.append(padded.reshape(cfg.num_mel_bins, count, chunk).transpose(1, 0, 2))
             token_counts.append(audio_token_count(frames, cfg.n_window))
         # [chunks, mel, time, 1]: MLX convolutions are channels-last
-        x = mx.array(np.concatenate(pieces)[..., None])
+        # compute in the weights' dtype (convolutions are never quantized)
+        x = mx.array(np.concatenate(pieces)[..., None]).astype(self.conv2d1.weight.dtype)
         x = nn.gelu(self.conv2d1(x))
         x = nn.gelu(self.conv2d2(x))
         x = nn.gelu(self.conv2d3(x))
         chunks, freq, steps, channels = x.shape
         x = self.conv_out(x.transpose(0, 2, 3, 1).reshape(chunks, steps, channels * freq))
-        x = (x + self._positions[:steps]).reshape(chunks * steps, -1)
+        x = (x + self._positions[:steps].astype(x.dtype)).reshape(chunks * steps, -1)
 
         # lay each audio's tokens out in attention windows; padding rows are masked as keys
         window = cfg.window_tokens

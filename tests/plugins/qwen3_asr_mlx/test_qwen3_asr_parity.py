@@ -161,3 +161,18 @@ def test_tokenizer_and_features_come_from_the_checkpoint(tiny_dir, tmp_path):
     broken.mkdir()
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_network(str(broken))
+
+
+def test_half_precision_runs_in_its_dtype(tiny_dir):
+    ids, mel = _prompt(tiny_dir, noise_audio(1.2, seed=2), language="en")
+    reference = _logits(tiny_dir, ids, mel)
+    network = load_network(tiny_dir, "bfloat16")
+    audio = network.encode(mel)
+    assert audio.dtype == mx.bfloat16
+    logits = network.decoder(network.prompt_embeddings(ids, audio), network.decoder.new_cache(1), last_only=False)
+    assert logits.dtype == mx.bfloat16
+    # bfloat16 keeps ~2-3 significant digits: the top token of most positions survives
+    agree = (np.array(mx.argmax(logits, axis=-1)) == reference.argmax(-1)).mean()
+    assert agree > 0.8
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_network(tiny_dir, "int3")
