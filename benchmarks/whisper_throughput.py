@@ -141,7 +141,6 @@ def main() -> None:
 
     import jiwer
     import torch
-
     from omni_whisper.checkpoint import bundled_model_dir, load_checkpoint, write_hf_checkpoint
 
     torch.set_num_threads(os.cpu_count() or 1)

@@ -17,8 +17,10 @@ from collections import deque
 from typing import Any
 
 from omni_core.scheduler.executor import Executor, Message, StageContext
+
 from omni_whisper.decode_batch import DecodeBatch
 from omni_whisper.decoding import RequestState, Window, compression_ratio, window_segments
+from omni_whisper.stages import COMPUTE_LOCK
 
 FALLBACK_STEP = 0.2
 MAX_TEMPERATURE = 1.0
@@ -89,9 +91,10 @@ class WhisperDecodeExecutor(Executor):
                 if message.request_id not in aborts:
                     self._accept(message)
             try:
-                self._admit()
-                if len(self.batch):
-                    finished = self.batch.step()
+                with COMPUTE_LOCK:
+                    self._admit()
+                    finished = self.batch.step() if len(self.batch) else None
+                if finished is not None:
                     self.steps += 1
                     self._after_step(finished)
             except Exception as exc:  # fail what is running; the engine keeps serving

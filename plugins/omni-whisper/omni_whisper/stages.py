@@ -22,7 +22,33 @@ from omni_whisper.tokenizer import WhisperTokenizer
 
 MAX_NEW_TOKENS = 224  # per 30 s window: half the decoder's positions, as in Whisper
 MAX_PROMPT_TOKENS = 223
-ENCODER_CHUNK = 4  # windows per encoder forward: bounds the attention buffers
+ENCODER_CHUNK = 2  # windows per encoder forward: bounds the attention buffers and the turn length
+
+
+class TurnLock:
+    """A first-come first-served lock. The encoder and decoder threads of one process take
+    turns with it: each uses torch's whole intra-op thread pool, and two pools on the same cores
+    slow each other down. FIFO, so a decoder stepping in a loop cannot starve the encoder."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    def __enter__(self) -> None:
+        with self._cond:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while ticket != self._serving:
+                self._cond.wait()
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
+COMPUTE_LOCK = TurnLock()
 
 _LOAD_LOCK = threading.Lock()
 
@@ -96,7 +122,11 @@ class Encoder:
     def process(self, messages, emit) -> None:
         mels = torch.cat([m.payload["mel"] for m in messages]).to(self.dtype)
         with torch.inference_mode():
-            encoded = torch.cat([self.model.encoder(chunk) for chunk in mels.split(ENCODER_CHUNK)])
+            parts = []
+            for chunk in mels.split(ENCODER_CHUNK):
+                with COMPUTE_LOCK:
+                    parts.append(self.model.encoder(chunk))
+            encoded = torch.cat(parts)
         start = 0
         for message in messages:
             count = message.payload["mel"].shape[0]

@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
-
 from omni_whisper.checkpoint import CheckpointError, bundled_model_dir, load_checkpoint
 from omni_whisper.ct2 import CT2FormatError, read_ct2_model
 from omni_whisper.features import FRAMES_PER_WINDOW, log_mel, split_windows
+from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
 
 def test_ct2_reader_reads_the_bundled_model():

@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from omni_core.api import Omni
 from omni_core.pipeline import RequestFailed
 

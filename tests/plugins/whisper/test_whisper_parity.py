@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import WhisperForConditionalGeneration
-
 from omni_whisper.decode_batch import DecodeBatch
 from omni_whisper.decoding import LogitRules, Window
 from omni_whisper.features import log_mel, split_windows
 from omni_whisper.model import WhisperModel
 from omni_whisper.tokenizer import WhisperTokenizer
+from transformers import WhisperForConditionalGeneration
 
 
 @pytest.fixture(scope="module")
