@@ -42,20 +42,27 @@ class RasHooks(ARHooks):
 
     def sample(self, batch: StepBatch, logits: torch.Tensor) -> torch.Tensor:
         rows = [batch.extras[b]["ras"] for b in batch.sample_index]
-        device = logits.device
+        done = batch.num_output_tokens
+        win = self.cfg.win_size
+        # every per-row number travels in one host tensor and one copy (no per-row transfers)
+        data = []
+        for r, n, past in zip(rows, done, batch.past_tokens):
+            recent = list(past[-win:]) if win else []
+            data.append([r["top_p"], r["top_k"], r["temperature"], float(n < r["min_tokens"]), r["seed"], n]
+                        + [-1] * (win - len(recent)) + recent)
+        table = torch.tensor(data, dtype=torch.float64)
+        table = table.to(logits.device, non_blocking=True)
         params = RasParams(
-            top_p=torch.tensor([r["top_p"] for r in rows], device=device),
-            top_k=torch.tensor([r["top_k"] for r in rows], device=device, dtype=torch.int64),
-            temperature=torch.tensor([r["temperature"] for r in rows], device=device),
+            top_p=table[:, 0].float(),
+            top_k=table[:, 1].long(),
+            temperature=table[:, 2].float(),
             k_max=max(r["top_k"] for r in rows),
-            win_size=self.cfg.win_size,
+            win_size=win,
             tau_r=self.cfg.tau_r,
         )
-        done = batch.num_output_tokens
-        block_stop = torch.tensor([n < r["min_tokens"] for n, r in zip(done, rows)], device=device)
-        seeds = torch.tensor([r["seed"] for r in rows], dtype=torch.int64, device=device)
-        uniforms = uniform_noise(seeds, torch.tensor(done, dtype=torch.int64, device=device), 2).float()
-        history = batch.recent_tokens(self.cfg.win_size)
+        uniforms = uniform_noise(table[:, 4].long(), table[:, 5].long(), 2).float()
+        history = table[:, 6:].long()
+        block_stop = table[:, 3] > 0
         return ras_sample(logits, history, params, uniforms, block_stop, self.cfg.speech_token_size)
 
 

@@ -7,6 +7,7 @@ stream message is applied once even if the executor retries a batch (its seq is 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -53,12 +54,19 @@ class FrontendWorker:
 
 
 class _Applied:
-    """Remembers the last applied seq per (request, port) so retried batches change nothing."""
+    """Remembers the last applied seq per (request, port) so retried batches change nothing,
+    and the requests already released, so a message still in flight when a request was aborted
+    creates no state that nothing would free."""
+
+    RELEASED_MEMORY = 4096
 
     def __init__(self):
         self.last: dict[tuple[str, str], int] = {}
+        self.released: OrderedDict[str, None] = OrderedDict()
 
     def fresh(self, message) -> bool:
+        if message.request_id in self.released:
+            return False
         key = (message.request_id, message.port)
         if self.last.get(key, -1) >= message.seq:
             return False
@@ -68,6 +76,9 @@ class _Applied:
     def forget(self, request_id: str) -> None:
         for key in [k for k in self.last if k[0] == request_id]:
             del self.last[key]
+        self.released[request_id] = None
+        while len(self.released) > self.RELEASED_MEMORY:
+            self.released.popitem(last=False)
 
 
 class FlowWorker:
