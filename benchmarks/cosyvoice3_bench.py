@@ -38,10 +38,19 @@ def run_level(pipeline, concurrency: int, rounds: int, seed0: int) -> dict:
     for r in range(rounds):
         results: list[dict] = [{} for _ in range(concurrency)]
 
-        def one(i: int) -> None:
-            inputs = {"task": "speech", "text": TEXT, "voice": "default", "instructions": None, "speed": 1.0,
-                      "seed": seed0 + r * 1000 + i, "sampling": {}, "reference_audio": None,
-                      "reference_sample_rate": None, "reference_text": None}
+        def one(i: int, r: int = r, results: list = results) -> None:
+            inputs = {
+                "task": "speech",
+                "text": TEXT,
+                "voice": "default",
+                "instructions": None,
+                "speed": 1.0,
+                "seed": seed0 + r * 1000 + i,
+                "sampling": {},
+                "reference_audio": None,
+                "reference_sample_rate": None,
+                "reference_text": None,
+            }
             start = time.perf_counter()
             first, samples = None, 0
             for event in pipeline.submit(inputs):
@@ -77,7 +86,9 @@ def run_level(pipeline, concurrency: int, rounds: int, seed0: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", choices=["tiny", "full"], default="tiny")
     parser.add_argument("--checkpoint", help="an existing checkpoint directory instead of writing the preset")
     parser.add_argument("--device", default="cpu")
@@ -99,7 +110,11 @@ def main() -> None:
     directory = args.checkpoint or write_random_checkpoint(
         Path(tempfile.gettempdir()) / f"omni-bench-cosyvoice3-{args.preset}", args.preset
     )
-    options = {"dtype": args.dtype, "max_batch": max(args.concurrency), "min_token_text_ratio": args.min_ratio}
+    options = {
+        "dtype": args.dtype,
+        "max_batch": max(args.concurrency),
+        "min_token_text_ratio": args.min_ratio,
+    }
     device = "cuda:0" if args.device == "cuda" else args.device
     pipeline = Pipeline(build(directory, options), device=device, plugin_manager=get_plugin_manager()).start()
     try:
@@ -114,11 +129,15 @@ def main() -> None:
     finally:
         pipeline.shutdown()
     header = f"{args.preset} preset, {args.device}, {args.dtype}, min ratio {args.min_ratio}"
-    print(f"\n{header}\n| concurrency | TTFA mean / p90 (ms) | RTF mean / p90 | throughput RTF | audio per request (s) |")
+    print(
+        f"\n{header}\n| concurrency | TTFA mean / p90 (ms) | RTF mean / p90 | throughput RTF | audio per request (s) |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for r in results:
-        print(f"| {r['concurrency']} | {r['ttfa_ms_mean']:.0f} / {r['ttfa_ms_p90']:.0f} | {r['rtf_mean']:.3f} / "
-              f"{r['rtf_p90']:.3f} | {r['throughput_rtf']:.3f} | {r['audio_s_mean']:.1f} |")
+        print(
+            f"| {r['concurrency']} | {r['ttfa_ms_mean']:.0f} / {r['ttfa_ms_p90']:.0f} | {r['rtf_mean']:.3f} / "
+            f"{r['rtf_p90']:.3f} | {r['throughput_rtf']:.3f} | {r['audio_s_mean']:.1f} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"setup": header, "results": results}, indent=2))
 

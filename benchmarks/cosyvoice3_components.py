@@ -41,8 +41,12 @@ def llm_step_ms(directory: str, device: str, dtype: torch.dtype, batch: int, ras
     from omni_cosyvoice3.llm_stage import RasHooks
 
     model = load_llm(directory).to(device=device, dtype=dtype)
-    engine = AREngine(model, EngineConfig(max_num_seqs=max(batch, 1), dtype=dtype, kv_cache_bytes=2 << 30),
-                      hooks=RasHooks(model.cfg) if ras else None, device=device)
+    engine = AREngine(
+        model,
+        EngineConfig(max_num_seqs=max(batch, 1), dtype=dtype, kv_cache_bytes=2 << 30),
+        hooks=RasHooks(model.cfg) if ras else None,
+        device=device,
+    )
     prompt = model.prompt_embeds(list(range(5, 45)), [])
     for i in range(batch):
         extras = {"ras": {"top_p": 0.8, "top_k": 25, "temperature": 1.0, "seed": i, "min_tokens": 10_000}}
@@ -60,7 +64,9 @@ def llm_step_ms(directory: str, device: str, dtype: torch.dtype, batch: int, ras
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", choices=["tiny", "full"], default="tiny")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
@@ -73,22 +79,52 @@ def main() -> None:
 
     device = "cuda:0" if args.device == "cuda" else args.device
     dtype = getattr(torch, args.dtype)
-    directory = write_random_checkpoint(Path(tempfile.gettempdir()) / f"omni-bench-cosyvoice3-{args.preset}", args.preset)
+    directory = write_random_checkpoint(
+        Path(tempfile.gettempdir()) / f"omni-bench-cosyvoice3-{args.preset}", args.preset
+    )
     rows = []
     for batch in args.batches:
-        rows.append({"part": "llm decode step, RAS hook", "batch": batch, "ms": llm_step_ms(directory, device, dtype, batch, True)})
-        rows.append({"part": "llm decode step, engine sampler", "batch": batch, "ms": llm_step_ms(directory, device, dtype, batch, False)})
+        rows.append(
+            {
+                "part": "llm decode step, RAS hook",
+                "batch": batch,
+                "ms": llm_step_ms(directory, device, dtype, batch, True),
+            }
+        )
+        rows.append(
+            {
+                "part": "llm decode step, engine sampler",
+                "batch": batch,
+                "ms": llm_step_ms(directory, device, dtype, batch, False),
+            }
+        )
         print(json.dumps(rows[-2:]), flush=True)
     flow = load_flow(directory).to(device=device, dtype=dtype)
     hift = load_hift(directory).to(device=device)
     for frames in (56, 256):
         for batch in args.batches:
             tokens = frames // 2 + 3
-            reqs = [FlowRequest(torch.randint(0, 6561, (tokens,)), 0, torch.zeros(0, 80), torch.randn(192), False, True)
-                    for _ in range(batch)]
-            rows.append({"part": f"flow chunk, {frames} frames", "batch": batch, "ms": timed(lambda: flow.infer(reqs), device)})
+            reqs = [
+                FlowRequest(
+                    torch.randint(0, 6561, (tokens,)), 0, torch.zeros(0, 80), torch.randn(192), False, True
+                )
+                for _ in range(batch)
+            ]
+            rows.append(
+                {
+                    "part": f"flow chunk, {frames} frames",
+                    "batch": batch,
+                    "ms": timed(lambda reqs=reqs: flow.infer(reqs), device),
+                }
+            )
             mel = torch.randn(batch, 80, frames, device=device) - 4
-            rows.append({"part": f"hift, {frames} frames", "batch": batch, "ms": timed(lambda: hift(mel), device)})
+            rows.append(
+                {
+                    "part": f"hift, {frames} frames",
+                    "batch": batch,
+                    "ms": timed(lambda mel=mel: hift(mel), device),
+                }
+            )
             print(json.dumps(rows[-2:]), flush=True)
     print(f"\n{args.preset} preset, {args.device}, {args.dtype}\n| part | batch | ms |\n| --- | --- | --- |")
     for r in rows:

@@ -16,10 +16,20 @@ from .config import CosyVoice3Config, load_config
 from .flow import FlowModel
 from .hift import HiftGenerator
 
-REQUIRED_FILES = ("cosyvoice3.yaml", "llm.pt", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v3.onnx")
+REQUIRED_FILES = (
+    "cosyvoice3.yaml",
+    "llm.pt",
+    "flow.pt",
+    "hift.pt",
+    "campplus.onnx",
+    "speech_tokenizer_v3.onnx",
+)
 _PACKED = {
-    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
 }
 _PACKED_KEY = re.compile(r"^(.*)\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
 
@@ -99,7 +109,9 @@ def load_llm(directory: str | Path, cfg: CosyVoice3Config | None = None):
             if key not in own:
                 raise CheckpointError(f"llm.pt: unexpected key {key}")
             if own[key].shape != value.shape:
-                raise CheckpointError(f"llm.pt: {key} has shape {tuple(value.shape)}, expected {tuple(own[key].shape)}")
+                raise CheckpointError(
+                    f"llm.pt: {key} has shape {tuple(value.shape)}, expected {tuple(own[key].shape)}"
+                )
             own[key].copy_(value)
             filled.add(key)
     expected = set()

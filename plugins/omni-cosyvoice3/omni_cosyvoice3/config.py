@@ -209,7 +209,9 @@ def load_config(checkpoint_dir: str | Path) -> CosyVoice3Config:
             resblock_kernel_sizes=[int(v) for v in hift["resblock_kernel_sizes"]],
             resblock_dilation_sizes=[[int(d) for d in ds] for ds in hift["resblock_dilation_sizes"]],
             source_resblock_kernel_sizes=[int(v) for v in hift["source_resblock_kernel_sizes"]],
-            source_resblock_dilation_sizes=[[int(d) for d in ds] for ds in hift["source_resblock_dilation_sizes"]],
+            source_resblock_dilation_sizes=[
+                [int(d) for d in ds] for ds in hift["source_resblock_dilation_sizes"]
+            ],
             lrelu_slope=float(hift["lrelu_slope"]),
             audio_limit=float(hift["audio_limit"]),
             conv_pre_look_right=int(hift["conv_pre_look_right"]),

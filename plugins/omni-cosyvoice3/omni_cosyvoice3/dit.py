@@ -25,7 +25,9 @@ class SinusoidalTime(nn.Module):
 
     def forward(self, t: torch.Tensor, scale: float = 1000.0) -> torch.Tensor:
         half = self.dim // 2
-        freqs = torch.exp(torch.arange(half, device=t.device, dtype=torch.float32) * -(math.log(10000) / (half - 1)))
+        freqs = torch.exp(
+            torch.arange(half, device=t.device, dtype=torch.float32) * -(math.log(10000) / (half - 1))
+        )
         angles = scale * t.float()[:, None] * freqs[None]
         return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
@@ -120,7 +122,9 @@ class FeedForward(nn.Module):
         super().__init__()
         inner = int(dim * mult)
         self.ff = nn.Sequential(
-            nn.Sequential(nn.Linear(dim, inner), nn.GELU(approximate="tanh")), nn.Dropout(0.0), nn.Linear(inner, dim)
+            nn.Sequential(nn.Linear(dim, inner), nn.GELU(approximate="tanh")),
+            nn.Dropout(0.0),
+            nn.Linear(inner, dim),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

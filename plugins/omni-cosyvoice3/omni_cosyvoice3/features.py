@@ -37,7 +37,9 @@ def prompt_mel(audio_24k: np.ndarray, n_fft: int = 1920, hop: int = 480, n_mels:
     x = torch.from_numpy(np.asarray(audio_24k, dtype=np.float32))[None, None]
     pad = (n_fft - hop) // 2
     x = torch.nn.functional.pad(x, (pad, pad), mode="reflect").squeeze(1)
-    spec = torch.stft(x, n_fft, hop, n_fft, window=torch.hann_window(n_fft), center=False, return_complex=True)
+    spec = torch.stft(
+        x, n_fft, hop, n_fft, window=torch.hann_window(n_fft), center=False, return_complex=True
+    )
     magnitude = torch.sqrt(spec.real.pow(2) + spec.imag.pow(2) + 1e-9)
     mel = _slaney_filters(n_fft, n_mels, 24000, 12000.0) @ magnitude[0]
     return torch.log(mel.clamp(min=1e-5)).T.contiguous()
@@ -56,7 +58,9 @@ def whisper_log_mel(audio_16k: np.ndarray, n_mels: int = 128) -> np.ndarray:
 
 @lru_cache(maxsize=1)
 def _kaldi_bank() -> tuple[np.ndarray, np.ndarray]:
-    bank = mel_filter_bank(257, 80, 20, 8000, 16000, norm=None, mel_scale="kaldi", triangularize_in_mel_space=True)
+    bank = mel_filter_bank(
+        257, 80, 20, 8000, 16000, norm=None, mel_scale="kaldi", triangularize_in_mel_space=True
+    )
     return bank, window_function(400, "povey", periodic=False)
 
 

@@ -45,7 +45,9 @@ class ConditionalCFM(nn.Module):
         self.estimator = DiT(cfg)
         gen = torch.Generator().manual_seed(0)
         # fixed noise, not a checkpoint tensor: every request starts from the same z at frame f
-        self.register_buffer("rand_noise", torch.randn(1, cfg.mel_bins, NOISE_FRAMES, generator=gen), persistent=False)
+        self.register_buffer(
+            "rand_noise", torch.randn(1, cfg.mel_bins, NOISE_FRAMES, generator=gen), persistent=False
+        )
 
     @torch.inference_mode()
     def forward(self, mu, valid, spks, cond, streaming) -> torch.Tensor:
@@ -54,10 +56,16 @@ class ConditionalCFM(nn.Module):
             raise ValueError(f"utterance of {t} mel frames exceeds the {NOISE_FRAMES}-frame limit")
         # the ODE state stays float32 whatever the estimator's dtype
         x = self.rand_noise[:, :, :t].float().expand(b, -1, -1).clone()
-        grid = 1 - torch.cos(torch.linspace(0, 1, self.cfg.n_timesteps + 1, device=mu.device) * 0.5 * torch.pi)
+        grid = 1 - torch.cos(
+            torch.linspace(0, 1, self.cfg.n_timesteps + 1, device=mu.device) * 0.5 * torch.pi
+        )
         zeros = torch.zeros_like
         # conditional rows first, then unconditional rows (no mu, speaker or prompt)
-        mu2, spks2, cond2 = torch.cat([mu, zeros(mu)]), torch.cat([spks, zeros(spks)]), torch.cat([cond, zeros(cond)])
+        mu2, spks2, cond2 = (
+            torch.cat([mu, zeros(mu)]),
+            torch.cat([spks, zeros(spks)]),
+            torch.cat([cond, zeros(cond)]),
+        )
         valid2, streaming2 = torch.cat([valid, valid]), torch.cat([streaming, streaming])
         rate = self.cfg.cfg_rate
         for step in range(self.cfg.n_timesteps):
@@ -88,7 +96,9 @@ class FlowModel(nn.Module):
         self.cfg = cfg
         self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.mel_bins)
         self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.mel_bins)
-        self.pre_lookahead_layer = PreLookaheadLayer(cfg.mel_bins, cfg.pre_lookahead_channels, cfg.pre_lookahead_len)
+        self.pre_lookahead_layer = PreLookaheadLayer(
+            cfg.mel_bins, cfg.pre_lookahead_channels, cfg.pre_lookahead_len
+        )
         self.decoder = ConditionalCFM(cfg)
 
     @property
@@ -105,7 +115,9 @@ class FlowModel(nn.Module):
         """Returns, per request, the mel [80, frames] of every token after its prompt (cumulative)."""
         device, dtype, ratio = self.input_embedding.weight.device, self.dtype, self.cfg.token_mel_ratio
         lens = [len(r.tokens) for r in requests]
-        usable = [n - (0 if r.finalize else self.cfg.pre_lookahead_len) for n, r in zip(lens, requests)]
+        usable = [
+            n - (0 if r.finalize else self.cfg.pre_lookahead_len) for n, r in zip(lens, requests, strict=True)
+        ]
         b, n_max = len(requests), max(lens)
         tokens = torch.zeros(b, n_max, dtype=torch.long, device=device)
         token_mask = torch.zeros(b, n_max, 1, dtype=dtype, device=device)

@@ -62,21 +62,33 @@ class Frontend:
     def speech_tokens(self, audio_16k: np.ndarray) -> list[int]:
         feats = whisper_log_mel(audio_16k)[None]
         names = [i.name for i in self.speech_tokenizer.get_inputs()]
-        out = self.speech_tokenizer.run(None, {names[0]: feats, names[1]: np.array([feats.shape[2]], dtype=np.int32)})
+        out = self.speech_tokenizer.run(
+            None, {names[0]: feats, names[1]: np.array([feats.shape[2]], dtype=np.int32)}
+        )
         return [int(t) for t in np.asarray(out[0]).reshape(-1)]
 
     def speaker_embedding(self, audio_16k: np.ndarray) -> torch.Tensor:
         feats = kaldi_fbank(audio_16k)[None]
         name = self.speaker_model.get_inputs()[0].name
-        return torch.from_numpy(np.asarray(self.speaker_model.run(None, {name: feats})[0], dtype=np.float32).reshape(-1))
+        return torch.from_numpy(
+            np.asarray(self.speaker_model.run(None, {name: feats})[0], dtype=np.float32).reshape(-1)
+        )
 
     def reference(self, audio: Any, sample_rate: Any) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(speech tokens, prompt mel [2 * tokens, 80], x-vector [192]) of a reference recording."""
-        if not isinstance(sample_rate, int) or isinstance(sample_rate, bool) or not 8000 <= sample_rate <= 192000:
-            raise InvalidInput(f"reference_sample_rate must be an integer between 8000 and 192000, got {sample_rate!r}")
+        if (
+            not isinstance(sample_rate, int)
+            or isinstance(sample_rate, bool)
+            or not 8000 <= sample_rate <= 192000
+        ):
+            raise InvalidInput(
+                f"reference_sample_rate must be an integer between 8000 and 192000, got {sample_rate!r}"
+            )
         wav = audio.detach().cpu().numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio)
         if wav.ndim != 1 or wav.dtype.kind != "f":
-            raise InvalidInput(f"reference_audio must be mono float samples, got shape {wav.shape} dtype {wav.dtype}")
+            raise InvalidInput(
+                f"reference_audio must be mono float samples, got shape {wav.shape} dtype {wav.dtype}"
+            )
         seconds = len(wav) / sample_rate
         if not MIN_REFERENCE_SECONDS <= seconds <= MAX_REFERENCE_SECONDS:
             raise InvalidInput(
@@ -106,7 +118,9 @@ class Frontend:
         flow_prompt: list[int] = []
         mel = torch.zeros(0, 80)
         if payload.get("reference_audio") is not None:
-            flow_prompt, mel, embedding = self.reference(payload["reference_audio"], payload.get("reference_sample_rate"))
+            flow_prompt, mel, embedding = self.reference(
+                payload["reference_audio"], payload.get("reference_sample_rate")
+            )
             if reference_text:
                 llm_prompt = list(flow_prompt)
         else:
@@ -119,14 +133,26 @@ class Frontend:
             embedding = torch.as_tensor(entry.get("flow_embedding", entry["embedding"])).float().reshape(-1)
             if "flow_prompt_speech_token" in entry:  # a saved zero-shot speaker carries its prompt
                 flow_prompt = [int(t) for t in torch.as_tensor(entry["flow_prompt_speech_token"]).reshape(-1)]
-                mel = torch.as_tensor(entry["prompt_speech_feat"]).float().reshape(-1, 80)[: 2 * len(flow_prompt)]
-                llm_prompt = [int(t) for t in torch.as_tensor(entry.get("llm_prompt_speech_token", [])).reshape(-1)]
+                mel = (
+                    torch.as_tensor(entry["prompt_speech_feat"])
+                    .float()
+                    .reshape(-1, 80)[: 2 * len(flow_prompt)]
+                )
+                llm_prompt = [
+                    int(t) for t in torch.as_tensor(entry.get("llm_prompt_speech_token", [])).reshape(-1)
+                ]
                 reference_text = reference_text or entry.get("prompt_text_str")
-        system = DEFAULT_SYSTEM + (f" {instructions.strip()}" if instructions and instructions.strip() else "")
+        system = DEFAULT_SYSTEM + (
+            f" {instructions.strip()}" if instructions and instructions.strip() else ""
+        )
         if instructions:
             llm_prompt = []  # instructions replace the reference speech as the llm's prompt
-        prompt_text = reference_text if (reference_text and ENDOFPROMPT in reference_text) else (
-            f"{system}{ENDOFPROMPT}{normalize_text(reference_text) if (reference_text and llm_prompt) else ''}"
+        prompt_text = (
+            reference_text
+            if (reference_text and ENDOFPROMPT in reference_text)
+            else (
+                f"{system}{ENDOFPROMPT}{normalize_text(reference_text) if (reference_text and llm_prompt) else ''}"
+            )
         )
         target = self.tokenizer.encode(normalize_text(text))
         if not target:
@@ -144,6 +170,10 @@ class Frontend:
 def parse_speed(value: Any) -> float:
     if value is None:
         return 1.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not SPEED_RANGE[0] <= float(value) <= SPEED_RANGE[1]:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not SPEED_RANGE[0] <= float(value) <= SPEED_RANGE[1]
+    ):
         raise InvalidInput(f"speed must be a number in [{SPEED_RANGE[0]}, {SPEED_RANGE[1]}], got {value!r}")
     return float(value)

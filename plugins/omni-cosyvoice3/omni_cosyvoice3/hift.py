@@ -63,13 +63,19 @@ class Snake(nn.Module):
 class ResBlock(nn.Module):
     def __init__(self, channels: int, kernel_size: int, dilations: list[int]):
         super().__init__()
-        self.convs1 = nn.ModuleList(weight_norm(CausalConv1d(channels, channels, kernel_size, d)) for d in dilations)
-        self.convs2 = nn.ModuleList(weight_norm(CausalConv1d(channels, channels, kernel_size, 1)) for _ in dilations)
+        self.convs1 = nn.ModuleList(
+            weight_norm(CausalConv1d(channels, channels, kernel_size, d)) for d in dilations
+        )
+        self.convs2 = nn.ModuleList(
+            weight_norm(CausalConv1d(channels, channels, kernel_size, 1)) for _ in dilations
+        )
         self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
         self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
+        for c1, c2, a1, a2 in zip(
+            self.convs1, self.convs2, self.activations1, self.activations2, strict=True
+        ):
             x = x + c2(a2(c1(a1(x))))
         return x
 
@@ -79,7 +85,10 @@ class F0Predictor(nn.Module):
 
     def __init__(self, in_channels: int, cond_channels: int):
         super().__init__()
-        layers: list[nn.Module] = [weight_norm(CausalConv1d(in_channels, cond_channels, 4, causal_type="right")), nn.ELU()]
+        layers: list[nn.Module] = [
+            weight_norm(CausalConv1d(in_channels, cond_channels, 4, causal_type="right")),
+            nn.ELU(),
+        ]
         for _ in range(4):
             layers += [weight_norm(CausalConv1d(cond_channels, cond_channels, 3)), nn.ELU()]
         self.condnet = nn.Sequential(*layers)
@@ -129,7 +138,7 @@ class HiftGenerator(nn.Module):
         )
         self.ups = nn.ModuleList(
             weight_norm(CausalUpsample(base // 2**i, base // 2 ** (i + 1), k, u))
-            for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes))
+            for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes, strict=True))
         )
         down_rates = [1] + cfg.upsample_rates[::-1][:-1]
         cum = [1]
@@ -137,7 +146,9 @@ class HiftGenerator(nn.Module):
             cum.append(cum[-1] * r)
         self.source_downs = nn.ModuleList()
         self.source_resblocks = nn.ModuleList()
-        for i, (u, k, d) in enumerate(zip(cum[::-1], cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)):
+        for i, (u, k, d) in enumerate(
+            zip(cum[::-1], cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes, strict=True)
+        ):
             ch = base // 2 ** (i + 1)
             down = CausalConv1d(n_fft + 2, ch, 1) if u == 1 else CausalDownsample(n_fft + 2, ch, u * 2, u)
             self.source_downs.append(down)
@@ -145,7 +156,7 @@ class HiftGenerator(nn.Module):
         self.resblocks = nn.ModuleList()
         for i in range(len(self.ups)):
             ch = base // 2 ** (i + 1)
-            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes):
+            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes, strict=True):
                 self.resblocks.append(ResBlock(ch, k, d))
         self.conv_post = weight_norm(CausalConv1d(ch, n_fft + 2, 7))
         self.register_buffer("stft_window", torch.hann_window(n_fft, periodic=True), persistent=False)
@@ -158,7 +169,14 @@ class HiftGenerator(nn.Module):
         return max(frames - held, 0) * self.cfg.samples_per_frame
 
     def _stft(self, x: torch.Tensor) -> torch.Tensor:
-        spec = torch.stft(x.float(), self.cfg.n_fft, self.cfg.hop_len, self.cfg.n_fft, window=self.stft_window, return_complex=True)
+        spec = torch.stft(
+            x.float(),
+            self.cfg.n_fft,
+            self.cfg.hop_len,
+            self.cfg.n_fft,
+            window=self.stft_window,
+            return_complex=True,
+        )
         return torch.cat([spec.real, spec.imag], dim=1)
 
     @torch.inference_mode()

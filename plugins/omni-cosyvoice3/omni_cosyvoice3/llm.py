@@ -11,9 +11,8 @@ Names follow the official ``llm.pt``: ``llm.model.model.*`` (the backbone),
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from omni_core.models.qwen import Qwen2ForCausalLM
+from torch import nn
 
 from .config import LLMConfig
 
@@ -70,4 +69,6 @@ class CosyVoice3LM(nn.Module):
 
     def length_limits(self, text_len: int) -> tuple[int, int]:
         """(min, max) speech tokens for ``text_len`` text tokens to speak (prompt text excluded)."""
-        return int(text_len * self.cfg.min_token_text_ratio), max(1, int(text_len * self.cfg.max_token_text_ratio))
+        return int(text_len * self.cfg.min_token_text_ratio), max(
+            1, int(text_len * self.cfg.max_token_text_ratio)
+        )

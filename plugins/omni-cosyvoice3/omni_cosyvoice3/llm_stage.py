@@ -10,7 +10,6 @@ import os
 from typing import Any
 
 import torch
-
 from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
@@ -46,10 +45,13 @@ class RasHooks(ARHooks):
         win = self.cfg.win_size
         # every per-row number travels in one host tensor and one copy (no per-row transfers)
         data = []
-        for r, n, past in zip(rows, done, batch.past_tokens):
+        for r, n, past in zip(rows, done, batch.past_tokens, strict=True):
             recent = list(past[-win:]) if win else []
-            data.append([r["top_p"], r["top_k"], r["temperature"], float(n < r["min_tokens"]), r["seed"], n]
-                        + [-1] * (win - len(recent)) + recent)
+            data.append(
+                [r["top_p"], r["top_k"], r["temperature"], float(n < r["min_tokens"]), r["seed"], n]
+                + [-1] * (win - len(recent))
+                + recent
+            )
         table = torch.tensor(data, dtype=torch.float64)
         table = table.to(logits.device, non_blocking=True)
         params = RasParams(
@@ -70,7 +72,9 @@ def _sampling(values: Any, cfg: LLMConfig) -> dict[str, float]:
     values = dict(values or {})
     unknown = set(values) - SAMPLING_KEYS
     if unknown:
-        raise InvalidInput(f"unknown sampling options {sorted(unknown)} for cosyvoice3; known: {sorted(SAMPLING_KEYS)}")
+        raise InvalidInput(
+            f"unknown sampling options {sorted(unknown)} for cosyvoice3; known: {sorted(SAMPLING_KEYS)}"
+        )
     out = {"temperature": 1.0, "top_p": cfg.top_p, "top_k": cfg.top_k}
     penalty = values.pop("repetition_penalty", None)
     if penalty not in (None, 1, 1.0):
@@ -82,7 +86,11 @@ def _sampling(values: Any, cfg: LLMConfig) -> dict[str, float]:
         raise InvalidInput(f"top_p must be in (0, 1], got {out['top_p']}")
     if int(out["top_k"]) < 1:
         raise InvalidInput(f"top_k must be >= 1, got {out['top_k']}")
-    return {"temperature": float(out["temperature"]), "top_p": float(out["top_p"]), "top_k": int(out["top_k"])}
+    return {
+        "temperature": float(out["temperature"]),
+        "top_p": float(out["top_p"]),
+        "top_k": int(out["top_k"]),
+    }
 
 
 class SpeechTokenWorker(ARStageWorker):
@@ -106,13 +114,28 @@ class SpeechTokenWorker(ARStageWorker):
             seed = int.from_bytes(os.urandom(4), "little")
         ras = dict(_sampling(p.get("sampling"), self.cfg), seed=int(seed) & 0x7FFFFFFF, min_tokens=min_len)
         embeds = model.prompt_embeds(list(p["text_ids"]), list(p.get("llm_prompt_tokens") or []))
-        points = due_points(int(p.get("flow_prompt_len", 0)), int(p.get("hop", 25)), int(p.get("max_hop", 100)),
-                            int(p.get("lookahead", 3))) if p.get("streaming", True) else iter(())
-        self.ras_hooks.held[message.request_id] = {"tokens": [], "count": 0, "points": points, "next": next(points, None)}
+        points = (
+            due_points(
+                int(p.get("flow_prompt_len", 0)),
+                int(p.get("hop", 25)),
+                int(p.get("max_hop", 100)),
+                int(p.get("lookahead", 3)),
+            )
+            if p.get("streaming", True)
+            else iter(())
+        )
+        self.ras_hooks.held[message.request_id] = {
+            "tokens": [],
+            "count": 0,
+            "points": points,
+            "next": next(points, None),
+        }
         return EngineRequest(
             request_id=message.request_id,
             prompt_embeds=embeds,
-            params=SamplingParams(max_tokens=max_len, min_tokens=min_len, stop_token_ids=self.stop_ids, seed=ras["seed"]),
+            params=SamplingParams(
+                max_tokens=max_len, min_tokens=min_len, stop_token_ids=self.stop_ids, seed=ras["seed"]
+            ),
             extras={"ras": ras},
         )
 

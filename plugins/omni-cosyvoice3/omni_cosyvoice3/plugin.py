@@ -12,7 +12,10 @@ def voices(checkpoint_dir: str) -> list[Voice]:
     """The speakers of spk2info.pt (the tiny preset has one, ``default``)."""
     from .checkpoint import load_speakers
 
-    return [Voice(id=name, name=name, description="built-in speaker (spk2info.pt)") for name in sorted(load_speakers(checkpoint_dir))]
+    return [
+        Voice(id=name, name=name, description="built-in speaker (spk2info.pt)")
+        for name in sorted(load_speakers(checkpoint_dir))
+    ]
 
 
 @hookimpl

@@ -27,14 +27,27 @@ from .text_tokenizer import write_tiny_tokenizer
 
 SIZES = {
     "tiny": {
-        "qwen": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=128, max_position_embeddings=4096),
+        "qwen": dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=4096,
+        ),
         "flow": dict(dim=64, depth=2, heads=2, dim_head=32, pre_lookahead_channels=64),
         "hift": dict(base_channels=32, f0_cond_channels=32),
     },
     "full": {
-        "qwen": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                     intermediate_size=4864, max_position_embeddings=32768, vocab_size=151936),
+        "qwen": dict(
+            hidden_size=896,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            intermediate_size=4864,
+            max_position_embeddings=32768,
+            vocab_size=151936,
+        ),
         "flow": dict(),
         "hift": dict(),
     },
@@ -171,8 +184,14 @@ def write_random_checkpoint(directory: str | Path, preset: str = "tiny", seed: i
     blank.mkdir(exist_ok=True)
     vocab_size = write_tiny_tokenizer(blank)
     vocab_size = max(vocab_size, sizes["qwen"].get("vocab_size", 0))
-    qwen = dict(sizes["qwen"], vocab_size=vocab_size, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                tie_word_embeddings=False, torch_dtype="float32")
+    qwen = dict(
+        sizes["qwen"],
+        vocab_size=vocab_size,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
     qwen_config = Qwen2Config(**qwen)
     qwen_config.save_pretrained(blank)
     flow_cfg, hift_cfg, llm_cfg = FlowConfig(**sizes["flow"]), HiftConfig(**sizes["hift"]), LLMConfig()
@@ -209,4 +228,8 @@ def describe(directory: str | Path) -> dict:
 if __name__ == "__main__":  # python -m omni_cosyvoice3.presets DIR [tiny|full]
     import sys
 
-    print(json.dumps({"path": write_random_checkpoint(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "tiny")}))
+    print(
+        json.dumps(
+            {"path": write_random_checkpoint(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "tiny")}
+        )
+    )

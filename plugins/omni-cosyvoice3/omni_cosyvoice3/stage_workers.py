@@ -31,26 +31,32 @@ class FrontendWorker:
         payload = message.payload
         speed = parse_speed(payload.get("speed"))
         prepared = self.frontend.prepare(payload)
-        emit("cond", {
-            "prompt_tokens": prepared.flow_prompt_tokens,
-            "prompt_mel": prepared.prompt_mel,
-            "embedding": prepared.embedding,
-            "streaming": bool(payload.get("stream", True)),
-            "speed": speed,
-            "input_tokens": len(prepared.text_ids),
-        })
-        emit("llm", {
-            "text_ids": prepared.text_ids,
-            "target_text_len": prepared.target_text_len,
-            "llm_prompt_tokens": prepared.llm_prompt_tokens,
-            "seed": payload.get("seed"),
-            "sampling": payload.get("sampling") or {},
-            # the flow's chunk schedule, so the llm sends tokens when a chunk is due
-            "flow_prompt_len": len(prepared.flow_prompt_tokens),
-            "hop": self.chunk_hop,
-            "max_hop": self.max_hop,
-            "streaming": bool(payload.get("stream", True)),
-        })
+        emit(
+            "cond",
+            {
+                "prompt_tokens": prepared.flow_prompt_tokens,
+                "prompt_mel": prepared.prompt_mel,
+                "embedding": prepared.embedding,
+                "streaming": bool(payload.get("stream", True)),
+                "speed": speed,
+                "input_tokens": len(prepared.text_ids),
+            },
+        )
+        emit(
+            "llm",
+            {
+                "text_ids": prepared.text_ids,
+                "target_text_len": prepared.target_text_len,
+                "llm_prompt_tokens": prepared.llm_prompt_tokens,
+                "seed": payload.get("seed"),
+                "sampling": payload.get("sampling") or {},
+                # the flow's chunk schedule, so the llm sends tokens when a chunk is due
+                "flow_prompt_len": len(prepared.flow_prompt_tokens),
+                "hop": self.chunk_hop,
+                "max_hop": self.max_hop,
+                "streaming": bool(payload.get("stream", True)),
+            },
+        )
 
 
 class _Applied:
@@ -102,7 +108,10 @@ class FlowWorker:
                 max_hop=self.max_hop,
                 lookahead=self.model.cfg.pre_lookahead_len,
             )
-            self.extra[rid] = {"speed": float(p.get("speed", 1.0)), "input_tokens": int(p.get("input_tokens", 0))}
+            self.extra[rid] = {
+                "speed": float(p.get("speed", 1.0)),
+                "input_tokens": int(p.get("input_tokens", 0)),
+            }
             for early in self.early.pop(rid, []):
                 self._apply(early)
             return
@@ -125,22 +134,38 @@ class FlowWorker:
             due = stream.next_end() if stream is not None else None
             if due is not None:
                 jobs.append((rid, stream, *due))
-        runnable = [j for j in jobs if j[2] > j[1].offset]  # a final call with no new tokens only ends the stream
+        runnable = [
+            j for j in jobs if j[2] > j[1].offset
+        ]  # a final call with no new tokens only ends the stream
         mels = {}
         if runnable:
             requests = [
-                FlowRequest(s.flow_tokens(end, final), len(s.prompt_tokens), s.prompt_mel, s.embedding, final, s.streaming)
+                FlowRequest(
+                    s.flow_tokens(end, final),
+                    len(s.prompt_tokens),
+                    s.prompt_mel,
+                    s.embedding,
+                    final,
+                    s.streaming,
+                )
                 for _, s, end, final in runnable
             ]
-            for (rid, *_), mel in zip(runnable, self.model.infer(requests)):
+            for (rid, *_), mel in zip(runnable, self.model.infer(requests), strict=True):
                 mels[rid] = mel
         ratio = self.model.cfg.token_mel_ratio
         for rid, stream, end, final in jobs:
             mel = mels.get(rid)
-            delta = torch.zeros(self.model.cfg.mel_bins, 0) if mel is None else mel[:, stream.offset * ratio : end * ratio]
+            delta = (
+                torch.zeros(self.model.cfg.mel_bins, 0)
+                if mel is None
+                else mel[:, stream.offset * ratio : end * ratio]
+            )
             payload = {"mel": delta.float().cpu(), "speed": self.extra[rid]["speed"]}
             if final:
-                payload["usage"] = {"input_tokens": self.extra[rid]["input_tokens"], "output_tokens": len(stream.tokens)}
+                payload["usage"] = {
+                    "input_tokens": self.extra[rid]["input_tokens"],
+                    "output_tokens": len(stream.tokens),
+                }
             stream.advance(end, final)
             emit(rid, "mel", payload, end=final)
             if final:
@@ -170,7 +195,9 @@ class HiftWorker:
                 chunk = torch.as_tensor(p.get("mel", torch.zeros(80, 0))).float()
                 speed = float(p.get("speed", 1.0))
                 if speed != 1.0 and chunk.shape[1] > 0:
-                    chunk = F.interpolate(chunk[None], size=max(1, int(chunk.shape[1] / speed)), mode="linear")[0]
+                    chunk = F.interpolate(
+                        chunk[None], size=max(1, int(chunk.shape[1] / speed)), mode="linear"
+                    )[0]
                 cache = self.mel.get(rid)
                 self.mel[rid] = chunk if cache is None else torch.cat([cache, chunk], dim=1)
             elif rid not in self.mel:

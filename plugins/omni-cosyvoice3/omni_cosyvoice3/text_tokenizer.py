@@ -19,9 +19,26 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 # added after the base vocabulary, in this order (ids continue from <|im_end|>); the phoneme
 # markup tokens that follow them in CosyVoice3 are not supported as input here
 SPECIAL_TOKENS = [
-    "<|im_start|>", "<|im_end|>", ENDOFPROMPT, "[breath]", "<strong>", "</strong>", "[noise]",
-    "[laughter]", "[cough]", "[clucking]", "[accent]", "[quick_breath]", "<laughter>", "</laughter>",
-    "[hissing]", "[sigh]", "[vocalized-noise]", "[lipsmack]", "[mn]", "<|endofsystem|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    ENDOFPROMPT,
+    "[breath]",
+    "<strong>",
+    "</strong>",
+    "[noise]",
+    "[laughter]",
+    "[cough]",
+    "[clucking]",
+    "[accent]",
+    "[quick_breath]",
+    "<laughter>",
+    "</laughter>",
+    "[hissing]",
+    "[sigh]",
+    "[vocalized-noise]",
+    "[lipsmack]",
+    "[mn]",
+    "<|endofsystem|>",
 ]
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -48,7 +65,10 @@ def write_tiny_tokenizer(directory: str | Path) -> int:
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", *SPECIAL_TOKENS]
     trainer = trainers.BpeTrainer(
-        vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        vocab_size=600,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(_CORPUS, trainer)
     tok.save(str(directory / "tokenizer.json"))
@@ -68,7 +88,11 @@ class TextTokenizer:
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
         self.tokenizer.add_special_tokens(
-            {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "additional_special_tokens": SPECIAL_TOKENS}
+            {
+                "eos_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>",
+                "additional_special_tokens": SPECIAL_TOKENS,
+            }
         )
         self.endofprompt_id = self.tokenizer.convert_tokens_to_ids(ENDOFPROMPT)
 

@@ -11,7 +11,6 @@ import logging
 from pathlib import Path
 
 import torch
-
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.scheduler.engine import EngineConfig
 
@@ -34,15 +33,27 @@ def _dtype(name: str) -> torch.dtype:
 
 def frontend_factory(context, checkpoint_dir: str, max_hop: int = 100):
     cfg = load_config(checkpoint_dir)
-    return FrontendWorker(Frontend(checkpoint_dir, load_speakers(checkpoint_dir), cfg.sample_rate), cfg.chunk_size, max_hop)
+    return FrontendWorker(
+        Frontend(checkpoint_dir, load_speakers(checkpoint_dir), cfg.sample_rate), cfg.chunk_size, max_hop
+    )
 
 
-def llm_factory(context, checkpoint_dir: str, dtype: str, max_num_seqs: int, kv_cache_bytes: int | None, cuda_graphs: bool,
-                length_ratios: tuple[float, float] = (2.0, 20.0)):
+def llm_factory(
+    context,
+    checkpoint_dir: str,
+    dtype: str,
+    max_num_seqs: int,
+    kv_cache_bytes: int | None,
+    cuda_graphs: bool,
+    length_ratios: tuple[float, float] = (2.0, 20.0),
+):
     model = load_llm(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
     model.cfg.min_token_text_ratio, model.cfg.max_token_text_ratio = length_ratios
     config = EngineConfig(
-        max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes, dtype=_dtype(dtype), cuda_graphs=cuda_graphs,
+        max_num_seqs=max_num_seqs,
+        kv_cache_bytes=kv_cache_bytes,
+        dtype=_dtype(dtype),
+        cuda_graphs=cuda_graphs,
         enable_prefix_caching=True,
     )
     return SpeechTokenWorker(model, config)
@@ -67,8 +78,11 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20)."""
     check_layout(checkpoint_dir)
     if describe(checkpoint_dir)["preset"]:
-        log.warning("cosyvoice3: %s holds the %r preset (random weights): its audio is noise",
-                    checkpoint_dir, describe(checkpoint_dir)["preset"])
+        log.warning(
+            "cosyvoice3: %s holds the %r preset (random weights): its audio is noise",
+            checkpoint_dir,
+            describe(checkpoint_dir)["preset"],
+        )
     dtype = str(options.get("dtype", "float32"))
     llm_dtype = str(options.get("llm_dtype", dtype))
     hift_dtype = str(options.get("hift_dtype", "float32"))
@@ -82,19 +96,50 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     return Topology(
         name="cosyvoice3",
         stages=[
-            StageSpec("frontend", "fn", make(frontend_factory, checkpoint_dir=path, max_hop=int(options.get("max_hop", 100))),
-                      ("in",), ("llm", "cond")),
-            StageSpec("llm", "ar", make(llm_factory, checkpoint_dir=path, dtype=llm_dtype, max_num_seqs=max_batch,
-                                        kv_cache_bytes=None if kv is None else int(kv),
-                                        cuda_graphs=bool(options.get("cuda_graphs", True)),
-                                        length_ratios=(float(options.get("min_token_text_ratio", 2.0)),
-                                                       float(options.get("max_token_text_ratio", 20.0)))),
-                      ("in",), ("tokens",), options={"family": "cosyvoice3"}),
-            StageSpec("flow", "batch", make(flow_factory, checkpoint_dir=path, dtype=dtype,
-                                            max_hop=int(options.get("max_hop", 100))),
-                      ("cond", "tokens"), ("mel",), options=dict(batch_options)),
-            StageSpec("hift", "batch", make(hift_factory, checkpoint_dir=path, dtype=hift_dtype),
-                      ("mel",), ("audio",), options=dict(batch_options)),
+            StageSpec(
+                "frontend",
+                "fn",
+                make(frontend_factory, checkpoint_dir=path, max_hop=int(options.get("max_hop", 100))),
+                ("in",),
+                ("llm", "cond"),
+            ),
+            StageSpec(
+                "llm",
+                "ar",
+                make(
+                    llm_factory,
+                    checkpoint_dir=path,
+                    dtype=llm_dtype,
+                    max_num_seqs=max_batch,
+                    kv_cache_bytes=None if kv is None else int(kv),
+                    cuda_graphs=bool(options.get("cuda_graphs", True)),
+                    length_ratios=(
+                        float(options.get("min_token_text_ratio", 2.0)),
+                        float(options.get("max_token_text_ratio", 20.0)),
+                    ),
+                ),
+                ("in",),
+                ("tokens",),
+                options={"family": "cosyvoice3"},
+            ),
+            StageSpec(
+                "flow",
+                "batch",
+                make(
+                    flow_factory, checkpoint_dir=path, dtype=dtype, max_hop=int(options.get("max_hop", 100))
+                ),
+                ("cond", "tokens"),
+                ("mel",),
+                options=dict(batch_options),
+            ),
+            StageSpec(
+                "hift",
+                "batch",
+                make(hift_factory, checkpoint_dir=path, dtype=hift_dtype),
+                ("mel",),
+                ("audio",),
+                options=dict(batch_options),
+            ),
         ],
         edges=[
             Edge("frontend.llm", "llm.in"),

@@ -19,7 +19,6 @@ def omni_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_dir(omni_cache):
     import torch
-
     from omni_cosyvoice3.presets import write_tiny
 
     before = torch.get_num_threads()
@@ -34,7 +33,9 @@ def espeak(text: str, path) -> tuple[np.ndarray, int]:
     """Synthesise ``text`` with espeak-ng into ``path`` (wav); returns (float32 samples, rate)."""
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed")
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(path), text], check=True, capture_output=True)
+    subprocess.run(
+        ["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(path), text], check=True, capture_output=True
+    )
     audio, rate = sf.read(str(path), dtype="float32")
     return audio, rate
 

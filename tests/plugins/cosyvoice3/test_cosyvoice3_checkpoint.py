@@ -8,28 +8,48 @@ import shutil
 
 import pytest
 import torch
-from transformers import AutoConfig, Qwen2ForCausalLM
-
 from omni_core.scheduler.engine import AREngine, EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
 from omni_core.scheduler.hooks import StepBatch
 from omni_cosyvoice3.checkpoint import CheckpointError, load_flow, load_hift, load_llm
 from omni_cosyvoice3.flow import FlowRequest
 from omni_cosyvoice3.llm_stage import RasHooks, SpeechTokenWorker
+from transformers import AutoConfig, Qwen2ForCausalLM
 
 OFFICIAL_KEYS = {
-    "llm.pt": ["llm.model.model.embed_tokens.weight", "llm.model.model.layers.0.self_attn.q_proj.bias",
-               "llm.model.model.layers.1.mlp.gate_proj.weight", "llm.model.lm_head.weight",
-               "speech_embedding.weight", "llm_decoder.weight"],
-    "flow.pt": ["input_embedding.weight", "spk_embed_affine_layer.weight", "pre_lookahead_layer.conv1.weight",
-                "decoder.estimator.time_embed.time_mlp.0.weight", "decoder.estimator.input_embed.proj.weight",
-                "decoder.estimator.input_embed.conv_pos_embed.conv1.0.weight", "decoder.estimator.rotary_embed.inv_freq",
-                "decoder.estimator.transformer_blocks.1.attn.to_out.0.weight", "decoder.estimator.transformer_blocks.0.ff.ff.0.0.weight",
-                "decoder.estimator.norm_out.linear.weight", "decoder.estimator.proj_out.weight"],
-    "hift.pt": ["conv_pre.parametrizations.weight.original0", "conv_pre.parametrizations.weight.original1",
-                "ups.2.parametrizations.weight.original1", "source_downs.0.weight", "source_resblocks.2.convs1.0.parametrizations.weight.original0",
-                "resblocks.8.activations2.2.alpha", "conv_post.bias", "m_source.l_linear.weight",
-                "f0_predictor.condnet.8.parametrizations.weight.original1", "f0_predictor.classifier.weight"],
+    "llm.pt": [
+        "llm.model.model.embed_tokens.weight",
+        "llm.model.model.layers.0.self_attn.q_proj.bias",
+        "llm.model.model.layers.1.mlp.gate_proj.weight",
+        "llm.model.lm_head.weight",
+        "speech_embedding.weight",
+        "llm_decoder.weight",
+    ],
+    "flow.pt": [
+        "input_embedding.weight",
+        "spk_embed_affine_layer.weight",
+        "pre_lookahead_layer.conv1.weight",
+        "decoder.estimator.time_embed.time_mlp.0.weight",
+        "decoder.estimator.input_embed.proj.weight",
+        "decoder.estimator.input_embed.conv_pos_embed.conv1.0.weight",
+        "decoder.estimator.rotary_embed.inv_freq",
+        "decoder.estimator.transformer_blocks.1.attn.to_out.0.weight",
+        "decoder.estimator.transformer_blocks.0.ff.ff.0.0.weight",
+        "decoder.estimator.norm_out.linear.weight",
+        "decoder.estimator.proj_out.weight",
+    ],
+    "hift.pt": [
+        "conv_pre.parametrizations.weight.original0",
+        "conv_pre.parametrizations.weight.original1",
+        "ups.2.parametrizations.weight.original1",
+        "source_downs.0.weight",
+        "source_resblocks.2.convs1.0.parametrizations.weight.original0",
+        "resblocks.8.activations2.2.alpha",
+        "conv_post.bias",
+        "m_source.l_linear.weight",
+        "f0_predictor.condnet.8.parametrizations.weight.original1",
+        "f0_predictor.classifier.weight",
+    ],
 }
 
 
@@ -38,7 +58,10 @@ def test_files_use_official_key_names(tiny_dir):
         state = torch.load(f"{tiny_dir}/{name}", map_location="cpu", weights_only=True)
         assert set(keys) <= set(state), (name, sorted(set(keys) - set(state)))
     llm = torch.load(f"{tiny_dir}/llm.pt", weights_only=True)
-    assert llm["speech_embedding.weight"].shape == (6761, 64) and llm["llm_decoder.weight"].shape == (6761, 64)
+    assert llm["speech_embedding.weight"].shape == (6761, 64) and llm["llm_decoder.weight"].shape == (
+        6761,
+        64,
+    )
 
 
 def test_round_trip_save_load_identical(tiny_dir, tmp_path):
@@ -85,7 +108,9 @@ def test_llm_on_engine_matches_transformers_qwen2(tiny_dir):
     # reference: the same llm.pt loaded into transformers' Qwen2 (official names, unfused)
     state = torch.load(f"{tiny_dir}/llm.pt", weights_only=True)
     reference = Qwen2ForCausalLM(AutoConfig.from_pretrained(f"{tiny_dir}/CosyVoice-BlankEN")).eval()
-    reference.load_state_dict({k[len("llm.model."):]: v for k, v in state.items() if k.startswith("llm.model.")})
+    reference.load_state_dict(
+        {k[len("llm.model.") :]: v for k, v in state.items() if k.startswith("llm.model.")}
+    )
     with torch.no_grad():
         hidden = reference.model(inputs_embeds=embeds[None]).last_hidden_state[0, -1]
         expected = hidden @ state["llm_decoder.weight"].T
@@ -107,8 +132,15 @@ def _run(worker: SpeechTokenWorker, payloads: dict[str, dict]) -> dict[str, list
 
 def test_speech_token_worker_limits_and_seeds(tiny_dir):
     model = load_llm(tiny_dir)
-    worker = SpeechTokenWorker(model, EngineConfig(num_kv_blocks=256, block_size=16, cuda_graphs=False, max_num_seqs=8))
-    base = {"text_ids": [5, 6, 7, 8, 3, 20, 21, 22], "target_text_len": 4, "llm_prompt_tokens": [], "sampling": {}}
+    worker = SpeechTokenWorker(
+        model, EngineConfig(num_kv_blocks=256, block_size=16, cuda_graphs=False, max_num_seqs=8)
+    )
+    base = {
+        "text_ids": [5, 6, 7, 8, 3, 20, 21, 22],
+        "target_text_len": 4,
+        "llm_prompt_tokens": [],
+        "sampling": {},
+    }
     runs = _run(worker, {f"s{i}": dict(base, seed=i % 2) for i in range(4)})
     for tokens in runs.values():
         speech = [t for t in tokens if t < 6561]

@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import WhisperFeatureExtractor
-
 from omni_cosyvoice3.checkpoint import load_speakers
 from omni_cosyvoice3.features import kaldi_fbank, prompt_mel, resample, whisper_log_mel
 from omni_cosyvoice3.frontend import Frontend, InvalidInput
 from omni_cosyvoice3.text_tokenizer import ENDOFPROMPT
+from transformers import WhisperFeatureExtractor
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +47,23 @@ def test_reference_prompt(frontend, reference):
     assert all(0 <= t < 6561 for t in tokens)
     assert mel.shape == (2 * len(tokens), 80) and embedding.shape == (192,)
 
-    cloned = frontend.prepare({"text": "Say this.", "reference_audio": audio, "reference_sample_rate": rate,
-                               "reference_text": text})
+    cloned = frontend.prepare(
+        {"text": "Say this.", "reference_audio": audio, "reference_sample_rate": rate, "reference_text": text}
+    )
     assert cloned.llm_prompt_tokens == tokens and cloned.flow_prompt_tokens == tokens
     assert frontend.tokenizer.endofprompt_id in cloned.text_ids
-    assert cloned.text_ids[-cloned.target_text_len:] == frontend.tokenizer.encode("Say this.")
+    assert cloned.text_ids[-cloned.target_text_len :] == frontend.tokenizer.encode("Say this.")
     no_text = frontend.prepare({"text": "Say this.", "reference_audio": audio, "reference_sample_rate": rate})
     assert no_text.llm_prompt_tokens == [] and no_text.flow_prompt_tokens == tokens  # cross-lingual mode
-    instructed = frontend.prepare({"text": "Say this.", "reference_audio": audio, "reference_sample_rate": rate,
-                                   "reference_text": text, "instructions": "Speak slowly."})
+    instructed = frontend.prepare(
+        {
+            "text": "Say this.",
+            "reference_audio": audio,
+            "reference_sample_rate": rate,
+            "reference_text": text,
+            "instructions": "Speak slowly.",
+        }
+    )
     assert instructed.llm_prompt_tokens == []
     prompt = frontend.tokenizer.tokenizer.decode(instructed.text_ids)
     assert "Speak slowly." in prompt and ENDOFPROMPT in prompt
@@ -69,10 +76,38 @@ def test_reference_prompt(frontend, reference):
     [
         ({"text": ""}, "text must be a non-empty string"),
         ({"text": "hi", "voice": "nobody"}, "unknown voice 'nobody'"),
-        ({"text": "hi", "reference_audio": np.zeros(16000, dtype=np.float32), "reference_sample_rate": 100}, "reference_sample_rate"),
-        ({"text": "hi", "reference_audio": np.zeros((2, 16000), dtype=np.float32), "reference_sample_rate": 16000}, "mono"),
-        ({"text": "hi", "reference_audio": np.full(16000, np.nan, dtype=np.float32), "reference_sample_rate": 16000}, "NaN"),
-        ({"text": "hi", "reference_audio": np.zeros(16000 * 31, dtype=np.float32), "reference_sample_rate": 16000}, "must last"),
+        (
+            {
+                "text": "hi",
+                "reference_audio": np.zeros(16000, dtype=np.float32),
+                "reference_sample_rate": 100,
+            },
+            "reference_sample_rate",
+        ),
+        (
+            {
+                "text": "hi",
+                "reference_audio": np.zeros((2, 16000), dtype=np.float32),
+                "reference_sample_rate": 16000,
+            },
+            "mono",
+        ),
+        (
+            {
+                "text": "hi",
+                "reference_audio": np.full(16000, np.nan, dtype=np.float32),
+                "reference_sample_rate": 16000,
+            },
+            "NaN",
+        ),
+        (
+            {
+                "text": "hi",
+                "reference_audio": np.zeros(16000 * 31, dtype=np.float32),
+                "reference_sample_rate": 16000,
+            },
+            "must last",
+        ),
     ],
 )
 def test_bad_input_is_refused_clearly(frontend, payload, message):

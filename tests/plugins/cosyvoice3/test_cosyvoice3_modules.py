@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from omni_cosyvoice3.checkpoint import load_flow, load_hift
 from omni_cosyvoice3.chunking import FlowStream
 from omni_cosyvoice3.config import load_config
@@ -40,10 +39,20 @@ def test_config_reads_the_tiny_and_official_sizes(tiny_dir, tmp_path):
     assert (cfg.flow.dim, cfg.flow.depth, cfg.hift.base_channels) == (64, 2, 32)
     assert cfg.flow.static_chunk_size == 50 and cfg.hift.samples_per_frame == 480
     official = (load_config.__globals__["Path"](tiny_dir) / "cosyvoice3.yaml").read_text()
-    official = official.replace("dim: 64", "dim: 1024").replace("depth: 2", "depth: 22").replace("heads: 2", "heads: 16")
+    official = (
+        official.replace("dim: 64", "dim: 1024")
+        .replace("depth: 2", "depth: 22")
+        .replace("heads: 2", "heads: 16")
+    )
     (tmp_path / "cosyvoice3.yaml").write_text(official)
     full = load_config(tmp_path)
-    assert (full.flow.dim, full.flow.depth, full.flow.heads, full.llm.top_k, full.llm.win_size) == (1024, 22, 16, 25, 10)
+    assert (full.flow.dim, full.flow.depth, full.flow.heads, full.llm.top_k, full.llm.win_size) == (
+        1024,
+        22,
+        16,
+        25,
+        10,
+    )
 
 
 def test_flow_streamed_chunks_equal_one_shot(flow):
@@ -62,13 +71,25 @@ def test_flow_streamed_chunks_equal_one_shot(flow):
         if due is None:
             continue
         end, final = due
-        mel = flow.infer([FlowRequest(stream.flow_tokens(end, final), len(prompt), base.prompt_mel, base.embedding, final, True)])[0]
+        mel = flow.infer(
+            [
+                FlowRequest(
+                    stream.flow_tokens(end, final), len(prompt), base.prompt_mel, base.embedding, final, True
+                )
+            ]
+        )[0]
         pieces.append(mel[:, stream.offset * 2 : end * 2])
         ends.append(end)
         stream.advance(end, final)
     stream.finished = True
     end, final = stream.next_end()
-    mel = flow.infer([FlowRequest(stream.flow_tokens(end, final), len(prompt), base.prompt_mel, base.embedding, True, True)])[0]
+    mel = flow.infer(
+        [
+            FlowRequest(
+                stream.flow_tokens(end, final), len(prompt), base.prompt_mel, base.embedding, True, True
+            )
+        ]
+    )[0]
     pieces.append(mel[:, stream.offset * 2 :])
     # first hop padded so prompt + hop is a multiple of 25, then the hop doubles up to 100
     assert ends == [37, 87]
@@ -83,7 +104,7 @@ def test_flow_batch_equals_single_requests(flow):
     b = _request(torch.randint(0, 6561, (31,), generator=gen), 0, finalize=False, seed=4)
     c = _request(torch.randint(0, 6561, (45,), generator=gen), 5, finalize=True, streaming=False, seed=5)
     batched = flow.infer([a, b, c])
-    for request, mel in zip([a, b, c], batched):
+    for request, mel in zip([a, b, c], batched, strict=True):
         torch.testing.assert_close(mel, flow.infer([request])[0], atol=2e-4, rtol=1e-4)
     assert [m.shape[1] for m in batched] == [100, 56, 80]
 
@@ -105,13 +126,19 @@ def test_hift_stable_prefix_and_batching(hift):
     assert cut == (35 - 8) * 480
     torch.testing.assert_close(hift(mel[:, :, :35])[:, :cut], full[:, :cut], atol=1e-5, rtol=1e-4)
     single = hift(mel[1:, :, :40])
-    torch.testing.assert_close(single[0], hift(torch.cat([mel[1:, :, :40], mel[:1, :, :40]]))[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        single[0], hift(torch.cat([mel[1:, :, :40], mel[:1, :, :40]]))[0], atol=1e-5, rtol=1e-4
+    )
 
 
 def _ras(top_k=25, top_p=0.8, temperature=1.0, rows=1):
     return RasParams(
-        top_p=torch.full((rows,), top_p), top_k=torch.full((rows,), top_k, dtype=torch.int64),
-        temperature=torch.full((rows,), temperature), k_max=top_k, win_size=10, tau_r=0.1,
+        top_p=torch.full((rows,), top_p),
+        top_k=torch.full((rows,), top_k, dtype=torch.int64),
+        temperature=torch.full((rows,), temperature),
+        k_max=top_k,
+        win_size=10,
+        tau_r=0.1,
     )
 
 
@@ -139,6 +166,10 @@ def test_ras_is_a_function_of_its_uniforms():
     assert torch.equal(first, again)
     greedy = ras_sample(logits, history, _ras(top_k=1, rows=4), u, torch.zeros(4, dtype=torch.bool), 6561)
     assert torch.equal(greedy, logits.argmax(dim=-1))
-    draws = {int(ras_sample(logits[:1], history[:1], _ras(), torch.tensor([[x, 0.5]]), torch.tensor([False]), 6561))
-             for x in (0.05, 0.35, 0.65, 0.95)}
+    draws = {
+        int(
+            ras_sample(logits[:1], history[:1], _ras(), torch.tensor([[x, 0.5]]), torch.tensor([False]), 6561)
+        )
+        for x in (0.05, 0.35, 0.65, 0.95)
+    }
     assert len(draws) > 1  # different uniforms reach different tokens of the nucleus

@@ -7,15 +7,24 @@ import time
 
 import numpy as np
 import pytest
-
 from omni_core.hooks import get_plugin_manager
 from omni_core.pipeline import Pipeline, RequestFailed
 from omni_cosyvoice3.topology import build
 
 
 def _inputs(text: str, seed: int, **extra) -> dict:
-    base = {"task": "speech", "text": text, "voice": "default", "instructions": None, "speed": 1.0, "seed": seed,
-            "sampling": {}, "reference_audio": None, "reference_sample_rate": None, "reference_text": None}
+    base = {
+        "task": "speech",
+        "text": text,
+        "voice": "default",
+        "instructions": None,
+        "speed": 1.0,
+        "seed": seed,
+        "sampling": {},
+        "reference_audio": None,
+        "reference_sample_rate": None,
+        "reference_text": None,
+    }
     return {**base, **extra}
 
 
@@ -24,13 +33,21 @@ def _idle(pipeline: Pipeline) -> bool:
     hift = pipeline.executors["hift"].worker
     llm = pipeline.executors["llm"]
     blocks = llm.engine.block_manager
-    return (not flow.streams and not flow.early and not hift.mel and not hift.sent
-            and not llm.worker.ras_hooks.held and not llm.engine.requests
-            and all(b.ref_count == 0 for b in blocks.blocks))
+    return (
+        not flow.streams
+        and not flow.early
+        and not hift.mel
+        and not hift.sent
+        and not llm.worker.ras_hooks.held
+        and not llm.engine.requests
+        and all(b.ref_count == 0 for b in blocks.blocks)
+    )
 
 
 def test_abort_and_failures_free_every_stage(tiny_dir):
-    pipeline = Pipeline(build(tiny_dir, {"max_batch": 8}), device="cpu", plugin_manager=get_plugin_manager()).start()
+    pipeline = Pipeline(
+        build(tiny_dir, {"max_batch": 8}), device="cpu", plugin_manager=get_plugin_manager()
+    ).start()
     try:
         long_text = "This request is long enough that it will still be speaking when it is aborted. " * 3
         aborted = pipeline.submit(_inputs(long_text, 1, sampling={"temperature": 1.0}))
@@ -41,7 +58,9 @@ def test_abort_and_failures_free_every_stage(tiny_dir):
         audio = [np.asarray(e.payload["audio"]) for e in kept if e.name == "audio" and "audio" in e.payload]
         assert sum(len(a) for a in audio) > 0
 
-        bad = pipeline.submit(_inputs("Hi", 3, reference_audio=np.zeros(100, dtype=np.float32), reference_sample_rate=16000))
+        bad = pipeline.submit(
+            _inputs("Hi", 3, reference_audio=np.zeros(100, dtype=np.float32), reference_sample_rate=16000)
+        )
         with pytest.raises(RequestFailed, match="InvalidInput: reference audio must last"):
             list(bad)
         bad_sampling = pipeline.submit(_inputs("Hi", 4, sampling={"top_k": 0}))

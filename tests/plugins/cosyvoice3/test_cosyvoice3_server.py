@@ -38,9 +38,25 @@ def server(tiny_dir, omni_cache, tmp_path_factory):
     log_path = workdir / "server.log"
     log = open(log_path, "w+")  # noqa: SIM115 - open for the server's lifetime
     process = subprocess.Popen(
-        [sys.executable, "-m", "omni_core.cli", "serve", "--family", "cosyvoice3", "--preset", "tiny",
-         "--port", str(port), "--max-running", "16", "--voices-dir", str(workdir / "voices")],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "omni_core.cli",
+            "serve",
+            "--family",
+            "cosyvoice3",
+            "--preset",
+            "tiny",
+            "--port",
+            str(port),
+            "--max-running",
+            "16",
+            "--voices-dir",
+            str(workdir / "voices"),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -71,20 +87,27 @@ def test_logs_that_the_tiny_preset_is_noise(server):
 
 
 def test_builtin_voice_non_streaming_streaming_and_seed(client):
-    whole = client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="pcm",
-                                       extra_body={"seed": 7})
+    whole = client.audio.speech.create(
+        model="cosyvoice3", voice="default", input=TEXT, response_format="pcm", extra_body={"seed": 7}
+    )
     audio = _pcm(whole.content)
     assert len(audio) > 0 and len(audio) % 480 == 0  # whole 50 Hz mel frames at 24 kHz
-    again = client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="pcm",
-                                       extra_body={"seed": 7})
+    again = client.audio.speech.create(
+        model="cosyvoice3", voice="default", input=TEXT, response_format="pcm", extra_body={"seed": 7}
+    )
     assert again.content == whole.content  # a seed makes output repeatable
-    other = client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="pcm",
-                                       extra_body={"seed": 8})
+    other = client.audio.speech.create(
+        model="cosyvoice3", voice="default", input=TEXT, response_format="pcm", extra_body={"seed": 8}
+    )
     assert other.content != whole.content
 
     chunks = []
     with client.audio.speech.with_streaming_response.create(
-        model="cosyvoice3", voice="default", input=TEXT, response_format="pcm", extra_body={"seed": 7, "stream_format": "audio"}
+        model="cosyvoice3",
+        voice="default",
+        input=TEXT,
+        response_format="pcm",
+        extra_body={"seed": 7, "stream_format": "audio"},
     ) as response:
         for chunk in response.iter_bytes():
             chunks.append(chunk)
@@ -93,10 +116,21 @@ def test_builtin_voice_non_streaming_streaming_and_seed(client):
 
 
 def test_speed_changes_duration(client):
-    normal = _pcm(client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="pcm",
-                                             extra_body={"seed": 3}).content)
-    fast = _pcm(client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="pcm",
-                                           speed=2.0, extra_body={"seed": 3}).content)
+    normal = _pcm(
+        client.audio.speech.create(
+            model="cosyvoice3", voice="default", input=TEXT, response_format="pcm", extra_body={"seed": 3}
+        ).content
+    )
+    fast = _pcm(
+        client.audio.speech.create(
+            model="cosyvoice3",
+            voice="default",
+            input=TEXT,
+            response_format="pcm",
+            speed=2.0,
+            extra_body={"seed": 3},
+        ).content
+    )
     assert abs(len(fast) / len(normal) - 0.5) < 0.05
 
 
@@ -104,23 +138,32 @@ def test_clone_from_espeak_reference_and_saved_voice(client, server, reference):
     audio, rate, transcript, path = reference
     encoded = base64.b64encode(path.read_bytes()).decode()
     cloned = client.audio.speech.create(
-        model="cosyvoice3", voice=None, input=TEXT, response_format="wav",
+        model="cosyvoice3",
+        voice=None,
+        input=TEXT,
+        response_format="wav",
         extra_body={"reference_audio": encoded, "reference_text": transcript, "seed": 1},
     )
     samples, out_rate = sf.read(io.BytesIO(cloned.content), dtype="float32")
     assert out_rate == 24000 and len(samples) > 0
-    builtin = client.audio.speech.create(model="cosyvoice3", voice="default", input=TEXT, response_format="wav",
-                                         extra_body={"seed": 1})
+    builtin = client.audio.speech.create(
+        model="cosyvoice3", voice="default", input=TEXT, response_format="wav", extra_body={"seed": 1}
+    )
     assert builtin.content != cloned.content  # the reference conditions the flow
 
     url = server[0]
-    saved = httpx.post(f"{url}/v1/audio/voices", data={"name": "birch", "text": transcript},
-                       files={"file": ("ref.wav", path.read_bytes(), "audio/wav")}, timeout=60)
+    saved = httpx.post(
+        f"{url}/v1/audio/voices",
+        data={"name": "birch", "text": transcript},
+        files={"file": ("ref.wav", path.read_bytes(), "audio/wav")},
+        timeout=60,
+    )
     assert saved.status_code == 200, saved.text
     listed = httpx.get(f"{url}/v1/audio/voices").json()["data"]
     assert {"default", "birch"} <= {v.get("name") for v in listed} | {v.get("id") for v in listed}
-    by_name = client.audio.speech.create(model="cosyvoice3", voice="birch", input=TEXT, response_format="wav",
-                                         extra_body={"seed": 1})
+    by_name = client.audio.speech.create(
+        model="cosyvoice3", voice="birch", input=TEXT, response_format="wav", extra_body={"seed": 1}
+    )
     assert len(sf.read(io.BytesIO(by_name.content))[0]) > 0
 
 
@@ -128,8 +171,13 @@ def test_concurrent_requests_batch_and_match_alone(client):
     texts = [f"Request number {i} speaks a short line." for i in range(6)]
 
     def speak(i):
-        return client.audio.speech.create(model="cosyvoice3", voice="default", input=texts[i], response_format="pcm",
-                                          extra_body={"seed": 100 + i}).content
+        return client.audio.speech.create(
+            model="cosyvoice3",
+            voice="default",
+            input=texts[i],
+            response_format="pcm",
+            extra_body={"seed": 100 + i},
+        ).content
 
     with ThreadPoolExecutor(6) as pool:
         together = list(pool.map(speak, range(6)))
@@ -144,15 +192,25 @@ def test_bad_input_is_a_clear_400(client, server):
     silence = io.BytesIO()
     sf.write(silence, np.zeros(1200, dtype=np.float32), 24000, format="WAV")
     with pytest.raises(openai.BadRequestError, match="reference audio must last"):
-        client.audio.speech.create(model="cosyvoice3", voice=None, input="Hi", response_format="wav",
-                                   extra_body={"reference_audio": base64.b64encode(silence.getvalue()).decode()})
+        client.audio.speech.create(
+            model="cosyvoice3",
+            voice=None,
+            input="Hi",
+            response_format="wav",
+            extra_body={"reference_audio": base64.b64encode(silence.getvalue()).decode()},
+        )
     with pytest.raises(openai.BadRequestError, match="top_k"):
         client.audio.speech.create(model="cosyvoice3", voice="default", input="Hi", extra_body={"top_k": 0})
     with pytest.raises(openai.BadRequestError, match="unknown voice"):
         client.audio.speech.create(model="cosyvoice3", voice="nobody", input="Hi")
     # the server is still healthy and serves the next request
-    ok = client.audio.speech.create(model="cosyvoice3", voice="default", input="Still here.", response_format="pcm",
-                                    extra_body={"seed": 1})
+    ok = client.audio.speech.create(
+        model="cosyvoice3",
+        voice="default",
+        input="Still here.",
+        response_format="pcm",
+        extra_body={"seed": 1},
+    )
     assert len(ok.content) > 0
     stats = httpx.get(f"{server[0]}/health").status_code
     assert stats == 200
