@@ -4,15 +4,18 @@ A small random Qwen2 (same weights in both). For each concurrency N, N requests 
 lengths drawn uniformly from [16, 512] and output lengths from [16, 256] (fixed seed) are
 submitted together. Our engine runs them with continuous batching (each stops at its own
 length); transformers runs one left-padded batch with max_new_tokens = the longest output
-(useful tokens only are counted for both). Prints a markdown table of output tokens/s and ratios.
+(useful tokens only are counted for both). The two alternate ``--repeats`` times and the median
+of each is reported, so load changes on a shared machine hit both alike. Prints a markdown table
+of output tokens/s and ratios.
 
-    python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 2]
+    python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 1] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import tempfile
 import time
 
@@ -72,6 +75,7 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads}/{args.kv_heads} heads, vocab {args.vocab}, float32; torch threads {args.threads}")
@@ -85,8 +89,11 @@ def main() -> None:
         print("| --- | --- | --- | --- | --- |")
         for n in args.concurrency:
             prompts, outputs = workload(n, args.seed + n, args.vocab)
-            ours = run_ours(engine, prompts, outputs)
-            theirs = run_transformers(hf, prompts, outputs)
+            ours_runs, theirs_runs = [], []
+            for _ in range(args.repeats):
+                ours_runs.append(run_ours(engine, prompts, outputs))
+                theirs_runs.append(run_transformers(hf, prompts, outputs))
+            ours, theirs = statistics.median(ours_runs), statistics.median(theirs_runs)
             tokens = sum(outputs)
             print(f"| {n} | {tokens} | {tokens / ours:.1f} | {tokens / theirs:.1f} | {theirs / ours:.2f}x |", flush=True)
 
