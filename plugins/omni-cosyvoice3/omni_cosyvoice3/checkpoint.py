@@ -67,6 +67,7 @@ def load_flow(directory: str | Path, cfg: CosyVoice3Config | None = None) -> Flo
     cfg = cfg or load_config(directory)
     model = FlowModel(cfg.flow)
     _load_strict(model, _state(directory / "flow.pt"), "flow.pt")
+    model.decoder.estimator.fuse()
     return model.eval()
 
 

@@ -73,20 +73,23 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)))
 
-    def forward(self, seq_len: int) -> torch.Tensor:
-        t = torch.arange(seq_len, device=self.inv_freq.device, dtype=self.inv_freq.dtype)
-        freqs = torch.outer(t, self.inv_freq)
-        return freqs.repeat_interleave(2, dim=-1)  # [T, dim_head], pairs interleaved
+    def tables(self, seq_len: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 (cos, signed sin) [T, width]: channels past ``dim_head`` pass through (cos 1, sin 0)."""
+        t = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq.float())  # [T, dim_head / 2]
+        cos = torch.ones(seq_len, width, device=freqs.device)
+        sin = torch.zeros(seq_len, width, device=freqs.device)
+        rot = 2 * freqs.shape[1]
+        cos[:, :rot] = freqs.cos().repeat_interleave(2, dim=-1)
+        sin[:, 0:rot:2], sin[:, 1:rot:2] = -freqs.sin(), freqs.sin()
+        return cos, sin
 
 
-def apply_rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """Rotate the first ``freqs.shape[-1]`` channels of ``x`` [B, T, C] by interleaved pairs."""
-    rot = freqs.shape[-1]
-    head, rest = x[..., :rot].float(), x[..., rot:]
-    pairs = head.unflatten(-1, (-1, 2))
-    rotated_half = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    out = head * freqs.cos() + rotated_half * freqs.sin()
-    return torch.cat([out.to(x.dtype), rest], dim=-1)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved channel pairs of ``x`` [B, T, C]: (a, b) -> (a cos - b sin, b cos + a sin),
+    in float32; the tables leave the channels past the first head unchanged."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return (x * cos + swapped * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -99,12 +102,23 @@ class Attention(nn.Module):
         self.to_v = nn.Linear(dim, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    def fuse(self) -> None:
+        """One q|k|v matmul instead of three (the checkpoint keeps the three)."""
+        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight]).detach()
+        bias = torch.cat([self.to_q.bias, self.to_k.bias, self.to_v.bias]).detach()
+        self.register_buffer("qkv_weight", weight, persistent=False)
+        self.register_buffer("qkv_bias", bias, persistent=False)
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = apply_rotary(self.to_q(x), freqs)
-        k = apply_rotary(self.to_k(x), freqs)
-        v = self.to_v(x)
-        q, k, v = (z.view(b, t, self.heads, self.dim_head).transpose(1, 2) for z in (q, k, v))
+        if hasattr(self, "qkv_weight"):
+            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).chunk(3, dim=-1)
+        else:
+            q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        q, k, v = (z.reshape(b, t, self.heads, self.dim_head).transpose(1, 2) for z in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, -1))
 
@@ -139,11 +153,11 @@ class DiTBlock(nn.Module):
         self.ff_norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.ff = FeedForward(dim, ff_mult)
 
-    def forward(self, x, t_emb, attn_mask, freqs, valid) -> torch.Tensor:
-        mod = self.attn_norm.linear(self.attn_norm.silu(t_emb))
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (m[:, None] for m in mod.chunk(6, dim=1))
+    def forward(self, x, mod, attn_mask, rope, valid) -> torch.Tensor:
+        """``mod`` [B, 6, dim]: this block's AdaLN-zero modulation of the time embedding."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mod[:, :, None].unbind(1)
         h = self.attn_norm.norm(x) * (1 + scale_a) + shift_a
-        x = x + gate_a * (self.attn(h, attn_mask, freqs) * valid)
+        x = x + gate_a * (self.attn(h, attn_mask, rope) * valid)
         h = self.ff_norm(x) * (1 + scale_f) + shift_f
         return x + gate_f * self.ff(h)
 
@@ -172,16 +186,35 @@ class DiT(nn.Module):
         self.proj_out = nn.Linear(dim, mel)
         self.static_chunk_size = cfg.static_chunk_size
 
+    def fuse(self) -> None:
+        """Pack weights for fewer, larger matmuls: every block's q|k|v, and all blocks' AdaLN
+        modulations (they read the same time embedding) in one. Call after loading weights."""
+        for block in self.transformer_blocks:
+            block.attn.fuse()
+        linears = [block.attn_norm.linear for block in self.transformer_blocks]
+        self.register_buffer("mod_weight", torch.cat([m.weight for m in linears]).detach(), persistent=False)
+        self.register_buffer("mod_bias", torch.cat([m.bias for m in linears]).detach(), persistent=False)
+
     def forward(self, x, valid, mu, t, spks, cond, streaming: torch.Tensor) -> torch.Tensor:
         """x, mu, cond: [B, 80, T]; valid, streaming: [B, T], [B] bool; t: [B]; spks: [B, 80] -> [B, 80, T]."""
         x, mu, cond = x.transpose(1, 2), mu.transpose(1, 2), cond.transpose(1, 2)
         t_emb = self.time_embed(t)
         h = self.input_embed(x, cond, mu, spks)
-        freqs = self.rotary_embed(h.shape[1])
+        b, seq, dim = h.shape
+        rope = self.rotary_embed.tables(seq, self.transformer_blocks[0].attn.to_q.out_features)
         attn_mask = chunk_attention_mask(valid, streaming, self.static_chunk_size)
         valid_f = valid[:, :, None].to(h.dtype)
-        for block in self.transformer_blocks:
-            h = block(h, t_emb, attn_mask, freqs, valid_f)
-        scale, shift = self.norm_out.linear(self.norm_out.silu(t_emb)).chunk(2, dim=1)
+        act = F.silu(t_emb)
+        if hasattr(self, "mod_weight"):
+            mods = (
+                F.linear(act, self.mod_weight, self.mod_bias)
+                .view(b, len(self.transformer_blocks), 6, dim)
+                .unbind(1)
+            )
+        else:
+            mods = [blk.attn_norm.linear(act).view(b, 6, dim) for blk in self.transformer_blocks]
+        for block, mod in zip(self.transformer_blocks, mods, strict=True):
+            h = block(h, mod, attn_mask, rope, valid_f)
+        scale, shift = self.norm_out.linear(act).chunk(2, dim=1)
         h = self.norm_out.norm(h) * (1 + scale[:, None]) + shift[:, None]
         return self.proj_out(h).transpose(1, 2)

@@ -173,3 +173,12 @@ def test_ras_is_a_function_of_its_uniforms():
         for x in (0.05, 0.35, 0.65, 0.95)
     }
     assert len(draws) > 1  # different uniforms reach different tokens of the nucleus
+
+
+def test_packed_projections_equal_the_checkpoint_layout(flow):
+    from omni_cosyvoice3.flow import FlowModel
+
+    plain = FlowModel(flow.cfg).eval()  # separate q/k/v and per-block modulation, as saved
+    plain.load_state_dict(flow.state_dict())
+    request = _request(torch.randint(0, 6561, (50,)), 7, finalize=False)
+    torch.testing.assert_close(plain.infer([request])[0], flow.infer([request])[0], atol=1e-4, rtol=1e-4)
