@@ -114,6 +114,7 @@ class Frontend:
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidInput("instructions must be a string")
         reference_text = payload.get("reference_text")
+        prompt_ids: list[int] | None = None
         llm_prompt: list[int] = []
         flow_prompt: list[int] = []
         mel = torch.zeros(0, 80)
@@ -130,7 +131,10 @@ class Frontend:
             if voice not in self.speakers:
                 raise InvalidInput(f"unknown voice {voice!r}; built-in voices: {sorted(self.speakers)}")
             entry = self.speakers[voice]
-            embedding = torch.as_tensor(entry.get("flow_embedding", entry["embedding"])).float().reshape(-1)
+            embedding = entry.get("flow_embedding", entry.get("embedding"))
+            if embedding is None:
+                raise InvalidInput(f"built-in voice {voice!r} has no speaker embedding in spk2info.pt")
+            embedding = torch.as_tensor(embedding).float().reshape(-1)
             if "flow_prompt_speech_token" in entry:  # a saved zero-shot speaker carries its prompt
                 flow_prompt = [int(t) for t in torch.as_tensor(entry["flow_prompt_speech_token"]).reshape(-1)]
                 mel = (
@@ -141,7 +145,9 @@ class Frontend:
                 llm_prompt = [
                     int(t) for t in torch.as_tensor(entry.get("llm_prompt_speech_token", [])).reshape(-1)
                 ]
-                reference_text = reference_text or entry.get("prompt_text_str")
+                if isinstance(entry.get("prompt_text"), torch.Tensor) and not instructions:
+                    # its prompt text is stored as token ids (system prompt and <|endofprompt|> included)
+                    prompt_ids = [int(t) for t in entry["prompt_text"].reshape(-1)]
         system = DEFAULT_SYSTEM + (
             f" {instructions.strip()}" if instructions and instructions.strip() else ""
         )
@@ -158,7 +164,7 @@ class Frontend:
         if not target:
             raise InvalidInput("text has no speakable content")
         return Prepared(
-            text_ids=self.tokenizer.encode(prompt_text) + target,
+            text_ids=(prompt_ids if prompt_ids is not None else self.tokenizer.encode(prompt_text)) + target,
             target_text_len=len(target),
             llm_prompt_tokens=llm_prompt,
             flow_prompt_tokens=flow_prompt,

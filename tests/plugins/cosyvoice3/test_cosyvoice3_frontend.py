@@ -113,3 +113,24 @@ def test_reference_prompt(frontend, reference):
 def test_bad_input_is_refused_clearly(frontend, payload, message):
     with pytest.raises(InvalidInput, match=message):
         frontend.prepare(payload)
+
+
+def test_saved_zero_shot_speaker_in_spk2info(frontend, reference):
+    # the official spk2info.pt entry of a zero-shot speaker: prompt text as ids, tokens, feat, embeddings
+    audio, rate, text, _ = reference
+    tokens, mel, embedding = frontend.reference(audio, rate)
+    prompt_ids = frontend.tokenizer.encode(f"You are a helpful assistant.{ENDOFPROMPT}{text}")
+    entry = {
+        "prompt_text": torch.tensor([prompt_ids]),
+        "llm_prompt_speech_token": torch.tensor([tokens]),
+        "flow_prompt_speech_token": torch.tensor([tokens]),
+        "prompt_speech_feat": mel[None],
+        "llm_embedding": embedding[None],
+        "flow_embedding": embedding[None],
+    }
+    saved = Frontend.__new__(Frontend)
+    saved.__dict__.update(frontend.__dict__, speakers={"birch": entry})
+    prepared = saved.prepare({"text": "Say this.", "voice": "birch"})
+    assert prepared.text_ids == prompt_ids + frontend.tokenizer.encode("Say this.")
+    assert prepared.llm_prompt_tokens == tokens and prepared.flow_prompt_tokens == tokens
+    assert torch.equal(prepared.prompt_mel, mel) and torch.equal(prepared.embedding, embedding)
