@@ -15,20 +15,33 @@ from omni_whisper.model import WhisperModel
 
 class DecodeBatch:
     def __init__(self, model: WhisperModel, rules: LogitRules, capacity: int, source_positions: int):
-        config = model.config
         self.model, self.rules, self.capacity = model, rules, capacity
-        self.max_positions = config.max_target_positions
-        heads = config.decoder_attention_heads
-        dtype = model.decoder.embed_tokens.weight.dtype
-        cross_shape = (capacity, heads, source_positions, config.d_model // heads)
-        self.self_kv = model.new_self_cache(capacity)
-        self.cross_kv = [
-            (torch.zeros(cross_shape, dtype=dtype), torch.zeros(cross_shape, dtype=dtype)) for _ in model.decoder.layers
-        ]
+        self.max_positions = model.config.max_target_positions
+        self.source_positions = source_positions
+        self.allocated = 0
+        self.self_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.cross_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._grow(min(capacity, 4))
         self.windows: list[Window] = []
         self.lengths: list[int] = []  # positions filled in each row's self-attention cache
         self.feed: list[int] = []  # the token each row feeds at the next step
         self.generator = torch.Generator().manual_seed(0)
+
+    def _grow(self, rows: int) -> None:
+        """Reallocate for ``rows`` rows, keeping the running ones: memory follows the load, up to
+        ``capacity`` (a large checkpoint's cross-attention K/V is big: layers x 2 x 1500 x d)."""
+        config, dtype = self.model.config, self.model.decoder.embed_tokens.weight.dtype
+        heads = config.decoder_attention_heads
+        cross_shape = (rows, heads, self.source_positions, config.d_model // heads)
+        self_kv = self.model.new_self_cache(rows)
+        cross_kv = [(torch.zeros(cross_shape, dtype=dtype), torch.zeros(cross_shape, dtype=dtype))
+                    for _ in self.model.decoder.layers]
+        used = len(getattr(self, "windows", []))
+        for old, new in ((self.self_kv, self_kv), (self.cross_kv, cross_kv)):
+            for (old_k, old_v), (new_k, new_v) in zip(old, new, strict=False):
+                new_k[:used] = old_k[:used]
+                new_v[:used] = old_v[:used]
+        self.self_kv, self.cross_kv, self.allocated = self_kv, cross_kv, rows
 
     def __len__(self) -> int:
         return len(self.windows)
@@ -39,6 +52,8 @@ class DecodeBatch:
     def admit(self, window: Window, encoded: torch.Tensor) -> None:
         """Add a window: its cross-attention K/V from ``encoded`` [S, D], once; its prompt prefilled."""
         row = len(self.windows)
+        if row == self.allocated:
+            self._grow(min(self.capacity, 2 * self.allocated))
         with torch.inference_mode():
             for (k, v), (ck, cv) in zip(self.model.decoder.cross_kv(encoded[None]), self.cross_kv, strict=True):
                 ck[row] = k[0]

@@ -68,7 +68,9 @@ class WhisperTokenizer:
         """``[<|startofprev|> prompt...] <|startoftranscript|> [lang transcribe] [<|notimestamps|>]``."""
         tokens: list[int] = []
         if previous_text:
-            tokens = [self.sot_prev, *self.encode(" " + previous_text.strip())[-max_prompt:]]
+            # control tokens typed into a prompt are dropped: a prompt cannot end or steer the decode
+            text_ids = [i for i in self.encode(" " + previous_text.strip()) if i < self.eot]
+            tokens = [self.sot_prev, *text_ids[-max_prompt:]] if max_prompt > 0 else []
         tokens.append(self.sot)
         if self.multilingual:
             tokens += [self.languages[language], self.transcribe]

@@ -89,3 +89,15 @@ def test_tiny_preset_runs_through_the_pipeline(tmp_path):
     assert result.duration == pytest.approx(2.0) and result.language == "en"
     assert 1 <= result.usage["output_tokens"] <= 224  # random weights: any words, but it ends
     assert all(0.0 <= s["start"] <= s["end"] <= 2.0 for s in result.segments)
+
+
+def test_prompt_tokens_drop_control_tokens(bundled_checkpoint):
+    from omni_whisper.tokenizer import WhisperTokenizer
+
+    tok = WhisperTokenizer(bundled_checkpoint.tokenizer_dir, bundled_checkpoint.config.vocab_size)
+    prompt = tok.prompt("en", False, "Meeting notes <|endoftext|> <|notimestamps|> Friday", 223)
+    assert prompt[0] == tok.sot_prev and prompt[-2:] == [tok.sot, tok.no_timestamps]
+    assert all(t < tok.eot for t in prompt[1:-2]) and "Friday" in tok.decode(prompt)
+    assert tok.prompt("en", True, None, 223) == [tok.sot]
+    with pytest.raises(ValueError, match="English-only"):
+        tok.check_language("de")

@@ -76,6 +76,11 @@ def test_abort_frees_rows_and_the_engine_goes_on(omni, spoken_16k):
     assert "Friday" in omni.transcribe(spoken_16k[1], 16000).text
 
 
+def test_prompt_conditions_the_first_window(omni, spoken_16k):
+    result = omni.transcribe(spoken_16k[2], 16000, prompt="Coffee orders <|endoftext|> for the office.")
+    assert "coffee" in result.text.lower() and "endoftext" not in result.text
+
+
 @pytest.mark.parametrize(
     "audio, kwargs, message",
     [
