@@ -3,6 +3,7 @@ behind in any stage (flow streams, vocoder caches, held tokens, KV blocks)."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -73,3 +74,25 @@ def test_abort_and_failures_free_every_stage(tiny_dir):
             time.sleep(0.1)
     finally:
         pipeline.shutdown()
+
+
+def _speak(pipeline: Pipeline, seed: int) -> np.ndarray:
+    events = pipeline.submit(_inputs("Placement is configuration, not code.", seed))
+    return np.concatenate(
+        [np.asarray(e.payload["audio"]) for e in events if e.name == "audio" and "audio" in e.payload]
+    )
+
+
+def test_stages_in_processes_give_the_same_audio(tiny_dir):
+    rebuild = functools.partial(build, tiny_dir, {})
+    manager = get_plugin_manager()
+    with Pipeline(rebuild(), device="cpu", plugin_manager=manager) as inproc:
+        inproc.start()
+        expected = _speak(inproc, 5)
+    with Pipeline(
+        rebuild(), stage_mode="process", device="cpu", plugin_manager=manager, rebuild=rebuild
+    ) as spawned:
+        spawned.start()
+        got = _speak(spawned, 5)
+    assert len(got) == len(expected) > 0
+    np.testing.assert_allclose(got, expected, atol=1e-5)
