@@ -87,12 +87,10 @@ def test_stages_in_processes_give_the_same_audio(tiny_dir):
     rebuild = functools.partial(build, tiny_dir, {})
     manager = get_plugin_manager()
     with Pipeline(rebuild(), device="cpu", plugin_manager=manager) as inproc:
-        inproc.start()
         expected = _speak(inproc, 5)
     with Pipeline(
         rebuild(), stage_mode="process", device="cpu", plugin_manager=manager, rebuild=rebuild
     ) as spawned:
-        spawned.start()
         got = _speak(spawned, 5)
     assert len(got) == len(expected) > 0
     np.testing.assert_allclose(got, expected, atol=1e-5)
