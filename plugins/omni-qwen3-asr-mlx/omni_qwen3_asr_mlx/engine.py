@@ -132,6 +132,26 @@ class MLXASRExecutor(Executor):
         self.context.emit(Message(request_id, self.output_port, payload, end=result is not None, seq=seq))
 
     def _run(self) -> None:
+        import mlx.core as mx
+
+        from .platform import mlx_device
+
+        try:
+            device = mlx_device({**self.stage.options, **self.context.options}.get("mlx_device"))
+            with mx.stream(device):
+                self._serve()
+        except Exception as error:
+            if self._ready.is_set():
+                raise
+            self._load_error = error  # reported by start()
+            self._ready.set()
+        finally:
+            # MLX keeps per-thread streams (and their worker threads) until told otherwise;
+            # left alive, they abort the interpreter at exit
+            mx.synchronize()
+            mx.clear_streams()
+
+    def _serve(self) -> None:
         try:
             options = {**self.stage.options, **self.context.options}
             self.runtime = self.stage.factory(self.context)
@@ -144,10 +164,15 @@ class MLXASRExecutor(Executor):
             return
         self._ready.set()
         while True:
-            if not self._drain(block=not self.batcher.has_work()):
-                return
-            for request_id, error in self.batcher.step():
-                self.context.fail(request_id, error)
+            try:
+                if not self._drain(block=not self.batcher.has_work()):
+                    return
+                for request_id, error in self.batcher.step():
+                    self.context.fail(request_id, error)
+            except Exception as error:  # keep serving: fail what was running, drop its state
+                for request_id in list(self.batcher.jobs):
+                    self.batcher.abort(request_id)
+                    self.context.fail(request_id, f"transcription engine error: {error}")
 
     def _drain(self, block: bool) -> bool:
         """Apply queued submissions and aborts; False once told to stop."""

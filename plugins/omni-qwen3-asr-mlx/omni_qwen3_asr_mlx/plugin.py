@@ -35,6 +35,13 @@ def omni_families():
 
 
 @hookimpl
+def omni_platforms():
+    from .platform import MLXPlatform
+
+    return [MLXPlatform()]
+
+
+@hookimpl
 def omni_engines():
     return [
         EngineSpec(

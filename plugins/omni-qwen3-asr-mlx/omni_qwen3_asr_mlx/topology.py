@@ -27,7 +27,7 @@ def build_topology(checkpoint_dir: str, options: dict[str, Any]) -> Topology:
                 partial(load_runtime, checkpoint_dir, options),
                 inputs=("features",),
                 outputs=("text",),
-                options={"max_batch": int(options.get("max_batch", 32))},
+                options={"max_batch": int(options.get("max_batch", 32)), "mlx_device": options.get("mlx_device")},
             ),
         ],
         edges=[Edge("frontend.features", "asr.features")],

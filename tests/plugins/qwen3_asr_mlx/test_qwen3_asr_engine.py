@@ -159,3 +159,18 @@ def test_chunk_text_parses_the_language_prefix_and_streams_whole_characters(runt
     assert "".join(deltas) == text.text == words
     assert text.language == language
     assert not any("\ufffd" in d or "<asr_text>" in d for d in deltas)
+
+
+def test_mlx_platform_and_device_choice(tiny_dir):
+    import mlx.core as mx
+    from omni_core.hooks import get_plugin_manager
+    from omni_core.platforms.select import resolve_platform
+
+    manager = get_plugin_manager()
+    assert resolve_platform("mlx", manager).device() == "mlx:0"
+    assert resolve_platform("auto", manager).name != "mlx"  # torch families never get an mlx device
+    with Pipeline(build_topology(tiny_dir, {"mlx_device": "cpu"})).start() as pipeline:
+        assert list(pipeline.submit({"audio": noise_audio(0.5)}))[-1].end
+    if not mx.is_available(mx.gpu):
+        with pytest.raises(RuntimeError, match="no GPU backend"):
+            Pipeline(build_topology(tiny_dir, {"mlx_device": "gpu"})).start()
