@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+pytest.importorskip("omni_qwen3_asr_mlx")  # first: it chooses MLX's BLAS before mlx.core loads
 pytest.importorskip("mlx.core")
 
 
