@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs omni-core and every plugin under plugins/ into the current Python (editable).
-# --test also installs what the test suite needs: espeak-ng (speech for ASR tests) and test packages.
+# --test also installs what the test suite needs: espeak-ng (speech for ASR tests), OpenBLAS (for
+# MLX on Linux) and the test packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
 
-if [[ "${1:-}" == "--test" ]] && ! command -v espeak-ng >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng sox >/dev/null
+if [[ "${1:-}" == "--test" ]] && { ! command -v espeak-ng >/dev/null 2>&1 || ! ldconfig -p | grep -q libopenblas; }; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng sox libopenblas0-pthread >/dev/null
 fi
 
 # A torch already present is kept; otherwise the pinned CPU build (an unpinned torch pulls GBs of CUDA wheels).
