@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from omni_core.hooks import FamilySpec, Voice, hookimpl
 
-from .presets import write_tiny
-from .topology import build
+# Model code (torch, transformers) loads on first use, not when `omni plugins list` loads plugins.
+
+
+def build(checkpoint_dir: str, options: dict):
+    from .topology import build as build_topology
+
+    return build_topology(checkpoint_dir, options)
+
+
+def write_tiny(directory: str) -> str:
+    from .presets import write_tiny as write
+
+    return write(directory)
 
 
 def voices(checkpoint_dir: str) -> list[Voice]:
