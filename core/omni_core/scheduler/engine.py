@@ -128,6 +128,9 @@ class AREngine:
         hidden = getattr(self.model, "hidden_size", None)
         if request.prompt_embeds is not None and hidden and request.prompt_embeds.shape[-1] != hidden:
             raise ValueError(f"prompt_embeds width {request.prompt_embeds.shape[-1]} != model hidden size {hidden}")
+        num_layers = getattr(getattr(self.model, "kv_cache_spec", None), "num_layers", None)
+        if num_layers is not None and any(not 0 <= layer <= num_layers for layer in request.hidden_layers):
+            raise ValueError(f"hidden_layers must be in [0, {num_layers}] (0: input embeddings)")
         seq = Sequence(request.request_id, request.prompt_token_ids, request.params, request.prompt_embeds, request.extras, request.hidden_layers, self.eos_token_ids)
         vocab = self._vocab_size()
         if request.prompt_token_ids is not None and vocab and any(not 0 <= t < vocab for t in seq.token_ids):
@@ -194,12 +197,17 @@ class AREngine:
             raise
         results = {rid: [] for rid in ids}
         reasons: dict[str, str | None] = {}
-        while self.has_unfinished():
-            for out in self.step():
-                if out.request_id in results:
-                    results[out.request_id].extend(out.new_token_ids)
-                    if out.finished:
-                        reasons[out.request_id] = out.finish_reason
+        try:
+            while self.has_unfinished():
+                for out in self.step():
+                    if out.request_id in results:
+                        results[out.request_id].extend(out.new_token_ids)
+                        if out.finished:
+                            reasons[out.request_id] = out.finish_reason
+        except BaseException:
+            for rid in ids:  # leave no blocks behind (KeyboardInterrupt included)
+                self.abort(rid)
+            raise
         return [GenerationOutput(rid, results[rid], reasons.get(rid)) for rid in ids]
 
     def stats(self) -> dict[str, float]:

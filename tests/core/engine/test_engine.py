@@ -79,6 +79,7 @@ def test_eos_from_generation_config_stops(tiny_checkpoint):
         (dict(prompt_token_ids=[1], prompt_embeds=torch.zeros(1, 64)), "exactly one"),
         (dict(prompt_embeds=torch.zeros(3, 65)), "width"),
         (dict(prompt_token_ids=[]), "at least one"),
+        (dict(prompt_token_ids=[1], hidden_layers=(3,)), "hidden_layers"),
     ],
 )
 def test_bad_requests_are_rejected_and_change_nothing(tiny_model, request_kwargs, message):
