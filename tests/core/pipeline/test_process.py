@@ -50,9 +50,10 @@ def test_omni_shape_with_encoder_and_feedback_loop_in_processes_over_shm():
         assert set(results[2]) == {"text"}
         more = [pipeline.submit({"text": f"again {i}", "audio": audio}).collect(timeout=30) for i in range(3)]
         assert all(r["text"][-1].payload["parts"] == ["audio", "text"] for r in more)
-        # only reusable pool segments remain while running: one per direction, refilled each time
+        # at most the reusable pool segments remain while running (one per direction; whether one
+        # is mapped at this instant depends on when the receiver's finalizer handed it back)
         entries = shm_entries(pipeline)
-        assert entries and all("-pool-" in path for path in entries) and len(entries) <= 4, entries
+        assert all("-pool-" in path for path in entries) and len(entries) <= 4, entries
         assert pipeline.stats()["stages"]["talker"]["placement"] == "process"
     assert shm_entries(pipeline) == []
     assert all(not _alive(pid) for pid in pids.values())
