@@ -42,6 +42,7 @@ class WhisperDecodeExecutor(Executor):
         self._requests: dict[str, RequestState] = {}
         self._waiting: deque[Window] = deque()
         self.steps = 0
+        self.fallbacks = 0  # windows decoded again at a higher temperature
 
     def start(self) -> None:
         self.worker = self.stage.factory(self.context)  # a DecoderWorker: model, tokenizer, rules
@@ -72,6 +73,7 @@ class WhisperDecodeExecutor(Executor):
             "rows": len(self.batch) if self._thread else 0,
             "waiting_windows": len(self._waiting),
             "steps": self.steps,
+            "fallbacks": self.fallbacks,
         }
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -79,7 +81,7 @@ class WhisperDecodeExecutor(Executor):
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._inbox and not self._aborts and not len(self.batch):
+                while not (self._stopping or self._inbox or self._aborts or self._waiting or len(self.batch)):
                     self._cond.wait()
                 if self._stopping:
                     return
@@ -139,6 +141,7 @@ class WhisperDecodeExecutor(Executor):
             mean_logprob = window.logprob_sum / max(1, len(window.tokens))
             if compression_ratio(text) > COMPRESSION_RATIO_LIMIT or mean_logprob < LOGPROB_LIMIT:
                 window.temperature += FALLBACK_STEP
+                self.fallbacks += 1
                 window.tokens, window.logprob_sum, window.attempt = [], 0.0, window.attempt + 1
                 self._waiting.appendleft(window)
                 return

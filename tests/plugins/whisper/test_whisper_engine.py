@@ -93,3 +93,15 @@ def test_bad_input_fails_only_that_request(omni, spoken_16k, audio, kwargs, mess
         omni.transcribe(audio, 16000, **kwargs)
     assert "coffee" in omni.transcribe(spoken_16k[2], 16000).text
     assert _decoder_idle(omni)
+
+
+def test_temperature_fallback_retries_unlikely_windows_only(spoken_16k):
+    noise = (0.3 * np.random.default_rng(0).standard_normal(32000)).astype(np.float32)
+    with Omni(family="whisper", device="cpu", options={"temperature_fallback": True}) as omni:
+        events = list(omni.submit(omni.transcription_inputs(noise, 16000)))
+        # noise is unlikely text: decoded again at 0.2, 0.4 ... up to 1.0 (at most 5 retries)
+        retries = omni.stats()["stages"]["decoder"]["fallbacks"]
+        assert 1 <= retries <= 5
+        assert "".join(e.payload["text"] for e in events if not e.end) == events[-1].payload["text"]
+        result = omni.transcribe(spoken_16k[2], 16000)  # clear speech passes at temperature 0
+        assert "coffee" in result.text and omni.stats()["stages"]["decoder"]["fallbacks"] == retries
