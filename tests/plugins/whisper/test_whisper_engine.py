@@ -25,15 +25,22 @@ def _decoder_idle(omni) -> bool:
 
 def test_concurrent_requests_batch_and_match_one_by_one(omni, spoken_16k):
     clips = spoken_16k[3:7]
-    alone = [omni.transcribe(clip, 16000).text for clip in clips]
+    stamps = [False, True, False, True]  # rows with and without timestamp rules share the batch
+
+    def run(index: int) -> tuple[str, list]:
+        result = omni.transcribe(clips[index], 16000, timestamps=stamps[index])
+        return result.text, [(s["start"], s["end"]) for s in result.segments]
+
+    alone = [run(i) for i in range(len(clips))]
     steps_before = omni.stats()["stages"]["decoder"]["steps"]
     with ThreadPoolExecutor(len(clips)) as pool:
-        together = list(pool.map(lambda clip: omni.transcribe(clip, 16000).text, clips))
+        together = list(pool.map(run, range(len(clips))))
     assert together == alone
-    assert "park" in together[2]
+    assert "park" in together[2][0]
+    assert len(alone[1][1]) >= 1 and alone[1][1][0][1] < 10.0  # timestamped segment ends inside the clip
     steps = omni.stats()["stages"]["decoder"]["steps"] - steps_before
     # decoded one by one, the four would need about as many steps as their tokens together
-    assert steps < sum(len(text.split()) for text in alone)
+    assert steps < sum(len(text.split()) for text, _ in alone)
     assert _decoder_idle(omni)
 
 
