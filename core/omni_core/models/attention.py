@@ -102,12 +102,16 @@ class SdpaBackend:
 
     def _per_sequence(self, meta: AttentionMetadata) -> bool:
         """Sequence by sequence when lengths are known on the host (not in a graph): by default
-        for prefill anywhere and decode on CPU (no padding to the longest context)."""
+        for prefill anywhere, and for decode on CPU with one intra-op thread."""
         if meta.host_query_lens is None:
             return False
         if self.per_sequence is not None:
             return self.per_sequence
-        return meta.max_query_len > 1 or meta.block_tables.device.type == "cpu"
+        if meta.max_query_len > 1:
+            return True
+        # CPU decode: a loop of small ops wins on one thread, but with several intra-op threads
+        # each op pays a thread hand-off (ruinous on a busy machine): then one padded batch
+        return meta.block_tables.device.type == "cpu" and torch.get_num_threads() == 1
 
     def forward(self, q, k, v, k_cache, v_cache, meta, scale):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
