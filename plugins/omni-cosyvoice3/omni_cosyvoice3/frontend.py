@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import torch
+from omni_core.serve.exceptions import InvalidInput
 
 from .features import kaldi_fbank, prompt_mel, resample, whisper_log_mel
 from .text_tokenizer import DEFAULT_SYSTEM, ENDOFPROMPT, TextTokenizer, normalize_text
@@ -26,10 +27,6 @@ MAX_REFERENCE_SECONDS = 30.0
 MIN_REFERENCE_SECONDS = 0.2
 MAX_TEXT_CHARS = 4000
 SPEED_RANGE = (0.25, 4.0)
-
-
-class InvalidInput(ValueError):
-    """Bad input: the message says which field and why."""
 
 
 @dataclass

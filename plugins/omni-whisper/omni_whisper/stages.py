@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from omni_core.serve.exceptions import InvalidInput
 
 from omni_whisper.checkpoint import WhisperCheckpoint, load_checkpoint, resolve_checkpoint_dir
 from omni_whisper.decoding import LogitRules, RequestState, Window
@@ -83,15 +84,15 @@ class Frontend:
         if isinstance(audio, np.ndarray):
             audio = torch.from_numpy(audio)
         if not isinstance(audio, torch.Tensor) or audio.dim() != 1 or not audio.is_floating_point():
-            raise ValueError("audio must be a 1-D float tensor of 16 kHz samples")
+            raise InvalidInput("audio must be a 1-D float tensor of 16 kHz samples")
         if audio.numel() == 0:
-            raise ValueError("audio is empty")
+            raise InvalidInput("audio is empty")
         if not bool(torch.isfinite(audio).all()):
-            raise ValueError("audio contains NaN or infinite samples")
+            raise InvalidInput("audio contains NaN or infinite samples")
         language = self.tokenizer.check_language(payload.get("language"))
         temperature = float(payload.get("temperature") or 0.0)
         if not (0.0 <= temperature <= 1.0) or math.isnan(temperature):
-            raise ValueError("temperature must be between 0 and 1")
+            raise InvalidInput("temperature must be between 0 and 1")
         prompt_text = payload.get("prompt")
         timestamps = bool(payload.get("timestamps"))
         windows, durations = split_windows(audio)

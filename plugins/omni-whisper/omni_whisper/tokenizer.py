@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omni_core.serve.exceptions import InvalidInput
 from tokenizers import Tokenizer
 
 SECONDS_PER_TIMESTAMP = 0.02
@@ -58,10 +59,10 @@ class WhisperTokenizer:
         code = (language or "en").lower()
         if not self.multilingual:
             if code not in ("en", "english"):
-                raise ValueError(f"this checkpoint is English-only; language {language!r} is not supported")
+                raise InvalidInput(f"this checkpoint is English-only; language {language!r} is not supported")
             return "en"
         if code not in self.languages:
-            raise ValueError(f"unknown language {language!r}; known: {', '.join(sorted(self.languages))}")
+            raise InvalidInput(f"unknown language {language!r}; known: {', '.join(sorted(self.languages))}")
         return code
 
     def prompt(self, language: str, timestamps: bool, previous_text: str | None, max_prompt: int) -> list[int]:

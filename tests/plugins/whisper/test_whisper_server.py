@@ -112,6 +112,6 @@ def test_bad_upload_is_a_clear_error_and_the_server_goes_on(client, spoken):
         client.audio.transcriptions.create(model="whisper", file=("speech.wav", b"not audio at all"))
     silence = io.BytesIO()
     sf.write(silence, np.zeros(16000, dtype=np.float32), 16000, format="WAV")
-    with pytest.raises(openai.APIStatusError, match="English-only"):
+    with pytest.raises(openai.BadRequestError, match="English-only"):
         client.audio.transcriptions.create(model="whisper", file=("s.wav", silence.getvalue()), language="de")
     assert "coffee" in client.audio.transcriptions.create(model="whisper", file=("speech.wav", spoken[2])).text
