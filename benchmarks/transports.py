@@ -1,6 +1,6 @@
 """Transport throughput and per-message latency: inproc, shm and zmq side by side in one run.
 
-    python benchmarks/transports.py [--sizes 1KB,1MB,64MB] [--markdown docs/benchmarks/transports.md]
+    python benchmarks/transports.py [--sizes 1KB,1MB,64MB] [--markdown FILE]
 
 Each transport moves one float32 tensor per message from a sender to a receiver that rebuilds
 the payload (``Transport.unpack``) and reads one element of it, then acknowledges:

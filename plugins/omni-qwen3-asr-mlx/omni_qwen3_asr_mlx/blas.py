@@ -2,7 +2,7 @@
 
 The ``mlx[cpu]`` wheels for Linux bundle the unoptimised reference BLAS, which makes every
 matmul and convolution of the model 10-15x slower than OpenBLAS on the same cores (see
-docs/benchmarks/qwen3-asr-mlx.md). Loading OpenBLAS into the global symbol scope before
+docs/benchmarks.md). Loading OpenBLAS into the global symbol scope before
 ``mlx.core`` is first imported makes MLX bind to it. Nothing changes on macOS (Accelerate) or
 when OpenBLAS is absent (``apt install libopenblas0``); ``OMNI_MLX_BLAS=bundled`` opts out.
 """
