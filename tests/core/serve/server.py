@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import soundfile as sf
 
-from tests.helpers.packaging import FIXTURES, env_with_path, pip_install_target
+from tests.helpers.packaging import FIXTURES, pip_install_target
+from tests.helpers.server import OmniServer
 
 API_KEY = "test-key"
 
@@ -25,70 +21,25 @@ def install_testfamily(target: Path) -> Path:
     return target
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class ServerProcess(OmniServer):
+    """The tiny test family served with these arguments; ``step_ms`` slows its model steps."""
 
-
-class ServerProcess:
     def __init__(self, site: Path, workdir: Path, *args: str, step_ms: int = 0, **env: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / f"server-{self.port}.log"
-        self._log = open(self.log_path, "w+")  # noqa: SIM115 - open for the server's lifetime
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "omni_core.cli",
-                "serve",
-                "--family",
-                "testfamily",
-                "--preset",
-                "tiny",
-                "--port",
-                str(self.port),
-                *args,
-            ],
-            env=env_with_path(
-                site,
-                OMNI_PLUGINS="testfamily",
-                OMNI_CACHE=str(workdir / "cache"),
-                OMNI_TESTFAMILY_STEP_MS=str(step_ms),
-                **env,
-            ),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+        super().__init__(
+            "testfamily",
+            workdir,
+            "--preset",
+            "tiny",
+            *args,
+            site=(site,),
+            OMNI_PLUGINS="testfamily",
+            OMNI_TESTFAMILY_STEP_MS=str(step_ms),
+            **env,
         )
 
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text()[-4000:]
-
     def wait_ready(self, timeout_s: float = 90.0) -> ServerProcess:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"omni serve exited with {self.process.returncode}:\n{self.log()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            time.sleep(0.1)
-        raise RuntimeError(f"omni serve not ready after {timeout_s} s:\n{self.log()}")
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-        try:
-            return self.process.wait(timeout=timeout_s)
-        finally:
-            self._log.close()
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        super().wait_ready(timeout_s)
+        return self
 
 
 def metric(url: str, name: str, **labels: str) -> float:

@@ -5,13 +5,7 @@ cloning from an espeak-ng recording, saved voices, batching and errors — not h
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
-import os
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -20,57 +14,31 @@ import openai
 import pytest
 import soundfile as sf
 
+from tests.helpers.server import OmniServer
+
 TEXT = "Hello there, this sentence is long enough to stream in several chunks."
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dir, omni_cache, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("cosyvoice3-serve")
-    port = _free_port()
     # the preset is already written under OMNI_CACHE: `--preset tiny` finds and reuses it
-    env = {**os.environ, "OMNI_PLUGINS": "cosyvoice3", "OMNI_CACHE": str(omni_cache), "OMP_NUM_THREADS": "1"}
-    log_path = workdir / "server.log"
-    log = open(log_path, "w+")  # noqa: SIM115 - open for the server's lifetime
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "omni_core.cli",
-            "serve",
-            "--family",
-            "cosyvoice3",
-            "--preset",
-            "tiny",
-            "--port",
-            str(port),
-            "--max-running",
-            "16",
-            "--voices-dir",
-            str(workdir / "voices"),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    proc = OmniServer(
+        "cosyvoice3",
+        workdir,
+        "--preset",
+        "tiny",
+        "--max-running",
+        "16",
+        "--voices-dir",
+        str(workdir / "voices"),
+        OMNI_PLUGINS="cosyvoice3",
+        OMNI_CACHE=str(omni_cache),
+        OMP_NUM_THREADS="1",
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert process.poll() is None, log_path.read_text()[-3000:]
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        assert time.monotonic() < deadline, "server did not become ready"
-        time.sleep(0.2)
-    yield url, log_path
-    process.terminate()
-    process.wait(timeout=30)
-    log.close()
+    proc.wait_ready()
+    yield proc.url, proc.log_path
+    proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,8 @@ and errors, not recognition."""
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -19,39 +13,25 @@ import openai
 import pytest
 import soundfile as sf
 
+from tests.helpers.server import OmniServer
+
 from .conftest import noise_audio
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("qwen3-asr-serve")
-    port = _free_port()
-    env = {**os.environ, "OMNI_PLUGINS": "qwen3-asr-mlx", "OMNI_CACHE": str(workdir / "cache")}
-    log = open(workdir / "server.log", "w+")  # noqa: SIM115 - open for the server's lifetime
-    process = subprocess.Popen(
-        [sys.executable, "-m", "omni_core.cli", "serve", "--family", "qwen3-asr", "--preset", "tiny",
-         "--port", str(port), "--max-running", "16"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+    proc = OmniServer(
+        "qwen3-asr",
+        tmp_path_factory.mktemp("qwen3-asr-serve"),
+        "--preset",
+        "tiny",
+        "--max-running",
+        "16",
+        OMNI_PLUGINS="qwen3-asr-mlx",
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert process.poll() is None, (workdir / "server.log").read_text()[-3000:]
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        assert time.monotonic() < deadline, "server did not become ready"
-        time.sleep(0.2)
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
-    log.close()
+    proc.wait_ready()
+    yield proc.url
+    proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -71,25 +51,39 @@ def test_response_formats(client):
     assert isinstance(result.text, str) and result.text
     assert result.usage.output_tokens > 0 and result.usage.input_tokens > 0
 
-    plain = client.audio.transcriptions.create(model="qwen3-asr", file=audio, language="en", response_format="text")
+    plain = client.audio.transcriptions.create(
+        model="qwen3-asr", file=audio, language="en", response_format="text"
+    )
     assert plain.strip() == result.text.strip()  # greedy decoding is deterministic
 
     verbose = client.audio.transcriptions.create(
-        model="qwen3-asr", file=audio, language="en", response_format="verbose_json", timestamp_granularities=["segment"]
+        model="qwen3-asr",
+        file=audio,
+        language="en",
+        response_format="verbose_json",
+        timestamp_granularities=["segment"],
     )
     assert verbose.language == "en" and verbose.duration == pytest.approx(2.5)
     assert [(s.start, s.end) for s in verbose.segments] == [(0.0, 2.5)]
     assert verbose.segments[0].text == verbose.text == result.text
 
-    srt = client.audio.transcriptions.create(model="qwen3-asr", file=audio, language="en", response_format="srt")
+    srt = client.audio.transcriptions.create(
+        model="qwen3-asr", file=audio, language="en", response_format="srt"
+    )
     assert re.match(r"1\n00:00:00,000 --> 00:00:02,500\n", srt)
-    vtt = client.audio.transcriptions.create(model="qwen3-asr", file=audio, language="en", response_format="vtt")
+    vtt = client.audio.transcriptions.create(
+        model="qwen3-asr", file=audio, language="en", response_format="vtt"
+    )
     assert vtt.startswith("WEBVTT") and "00:00:00.000 --> 00:00:02.500" in vtt
 
 
 def test_streaming_deltas_add_up(client):
     stream = client.audio.transcriptions.create(
-        model="qwen3-asr", file=("s.wav", _wav(3.0, seed=2)), language="de", prompt="Kontext: Omni", stream=True
+        model="qwen3-asr",
+        file=("s.wav", _wav(3.0, seed=2)),
+        language="de",
+        prompt="Kontext: Omni",
+        stream=True,
     )
     events = list(stream)
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
@@ -100,10 +94,16 @@ def test_streaming_deltas_add_up(client):
 
 def test_concurrent_requests_and_bad_input(client, server):
     with ThreadPoolExecutor(8) as pool:
-        texts = list(pool.map(
-            lambda s: client.audio.transcriptions.create(model="qwen3-asr", file=("c.wav", _wav(1.0 + s / 4, seed=s))).text,
-            range(8),
-        ))
+        texts = list(
+            pool.map(
+                lambda s: (
+                    client.audio.transcriptions.create(
+                        model="qwen3-asr", file=("c.wav", _wav(1.0 + s / 4, seed=s))
+                    ).text
+                ),
+                range(8),
+            )
+        )
     assert all(isinstance(t, str) for t in texts)
 
     with pytest.raises(openai.BadRequestError) as error:

@@ -3,53 +3,27 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import jiwer
 import numpy as np
 import openai
 import pytest
 import soundfile as sf
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.helpers.server import OmniServer
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("whisper-serve")
-    port = _free_port()
-    env = {**os.environ, "OMNI_PLUGINS": "whisper", "OMNI_CACHE": str(workdir / "cache")}
-    log = open(workdir / "server.log", "w+")  # noqa: SIM115 - open for the server's lifetime
-    process = subprocess.Popen(
-        [sys.executable, "-m", "omni_core.cli", "serve", "--family", "whisper", "--port", str(port), "--max-running", "16"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+    proc = OmniServer(
+        "whisper", tmp_path_factory.mktemp("whisper-serve"), "--max-running", "16", OMNI_PLUGINS="whisper"
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert process.poll() is None, (workdir / "server.log").read_text()[-3000:]
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        assert time.monotonic() < deadline, "server did not become ready"
-        time.sleep(0.2)
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
-    log.close()
+    proc.wait_ready()
+    yield proc.url
+    proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -114,4 +88,6 @@ def test_bad_upload_is_a_clear_error_and_the_server_goes_on(client, spoken):
     sf.write(silence, np.zeros(16000, dtype=np.float32), 16000, format="WAV")
     with pytest.raises(openai.BadRequestError, match="English-only"):
         client.audio.transcriptions.create(model="whisper", file=("s.wav", silence.getvalue()), language="de")
-    assert "coffee" in client.audio.transcriptions.create(model="whisper", file=("speech.wav", spoken[2])).text
+    assert (
+        "coffee" in client.audio.transcriptions.create(model="whisper", file=("speech.wav", spoken[2])).text
+    )
