@@ -14,9 +14,16 @@ def build(checkpoint_dir: str, options: dict):
 
 
 def write_tiny(directory: str) -> str:
-    from .presets import write_tiny as write
+    from .presets import write_random_checkpoint
 
-    return write(directory)
+    return write_random_checkpoint(directory, "tiny")
+
+
+def write_full(directory: str) -> str:
+    """The real sizes with random weights: for speed measurements without the real checkpoint."""
+    from .presets import write_random_checkpoint
+
+    return write_random_checkpoint(directory, "full")
 
 
 def voices(checkpoint_dir: str) -> list[Voice]:
@@ -37,7 +44,7 @@ def omni_families():
             tasks=("speech",),
             build=build,
             default_checkpoint="FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
-            presets={"tiny": write_tiny},
+            presets={"tiny": write_tiny, "full": write_full},
             sample_rate=24000,
             voices=voices,
             description="Fun-CosyVoice3 TTS: streaming synthesis and zero-shot voice cloning",
