@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 
@@ -54,13 +55,20 @@ def _run_server(app, state, host: str, port: int, log_level: str, grace_s: float
     return 1 if state.load_error else 0
 
 
+def _json_or_text(value: str):
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
 def _stage_map(items: tuple[str, ...], option: str) -> dict[str, str]:
-    """Parses repeated ``STAGE=VALUE`` options."""
+    """Parses repeated ``NAME=VALUE`` options."""
     mapping = {}
     for item in items:
         stage, sep, value = item.partition("=")
         if not sep or not stage.strip() or not value.strip():
-            raise ValueError(f"{option} takes STAGE=VALUE, got {item!r}")
+            raise ValueError(f"{option} takes {'KEY' if option == '--option' else 'STAGE'}=VALUE, got {item!r}")
         mapping[stage.strip()] = value.strip()
     return mapping
 
@@ -116,6 +124,13 @@ def _stage_map(items: tuple[str, ...], option: str) -> dict[str, str]:
     help="The device of one stage (repeatable), e.g. --stage-device llm=cuda:0 --stage-device flow=cuda:1.",
 )
 @click.option(
+    "--option",
+    "family_option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A family build option (repeatable; VALUE read as JSON when it parses), e.g. --option dtype=bfloat16.",
+)
+@click.option(
     "--voices-dir",
     default=None,
     type=click.Path(file_okay=False),
@@ -155,6 +170,7 @@ def serve(
     stage_mode,
     placement,
     stage_device,
+    family_option,
     voices_dir,
     served_model_name,
     max_input_chars,
@@ -175,6 +191,7 @@ def serve(
     try:
         placement_map = _stage_map(placement, "--placement")
         stage_devices = _stage_map(stage_device, "--stage-device")
+        family_options = {key: _json_or_text(value) for key, value in _stage_map(family_option, "--option").items()}
     except ValueError as exc:
         click.echo(f"omni serve: {exc}", err=True)
         sys.exit(2)
@@ -222,6 +239,7 @@ def serve(
             stage_mode=stage_mode,
             placement=placement_map,
             stage_devices=stage_devices,
+            options=family_options,
             voices_dir=voices_dir,
             limits=config.limits,
             plugin_manager=manager,

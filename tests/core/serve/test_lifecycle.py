@@ -176,3 +176,12 @@ def _alive(pid: int) -> bool:
             return handle.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_malformed_family_option_exits_2(testfamily_site):
+    result = run_omni(
+        ["serve", "--family", "testfamily", "--preset", "tiny", "--option", "max_batch"],
+        env_with_path(testfamily_site, OMNI_PLUGINS="testfamily"),
+    )
+    assert result.returncode == 2
+    assert "--option takes KEY=VALUE, got 'max_batch'" in result.stderr
