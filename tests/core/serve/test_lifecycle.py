@@ -167,6 +167,9 @@ def test_placement_runs_one_stage_in_its_own_process(testfamily_site, tmp_path):
         assert len(reply.content) > 1000
     finally:
         assert server.stop() == 0, server.log()
+    deadline = time.monotonic() + 10  # the stage process and multiprocessing's tracker exit after the server
+    while [c for c in children if _alive(c)] and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not [c for c in children if _alive(c)]
 
 
