@@ -21,7 +21,6 @@ import time
 
 import torch
 import transformers
-
 from omni_core.scheduler import AREngine, SamplingParams
 
 

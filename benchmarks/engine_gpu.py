@@ -17,8 +17,7 @@ import time
 
 import torch
 import transformers
-
-from omni_core.scheduler import AREngine, EngineConfig, EngineRequest, SamplingParams
+from omni_core.scheduler import AREngine, EngineRequest, SamplingParams
 
 
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:
@@ -139,7 +138,7 @@ def main() -> None:
             replay_s = f"{replay:.3f}" if replay is not None else "-"
             print(f"| {b} | {roof:.3f} | {eager:.3f} | {graph:.3f} | {replay_s} | {100 * roof / graph:.0f}% |", flush=True)
         print()
-        print(f"| batch | prompt | new tokens | ours (graphs) tok/s | transformers generate tok/s | ratio |")
+        print("| batch | prompt | new tokens | ours (graphs) tok/s | transformers generate tok/s | ratio |")
         print("| --- | --- | --- | --- | --- | --- |")
         for b in args.throughput_batches:
             ours, theirs = tokens_per_second(engines["graphs"], hf, b, args.context, args.new_tokens, args.vocab)

@@ -2,7 +2,13 @@
 
 from omni_core.models.attention import AttentionBackend, AttentionMetadata, ForwardContext, SdpaBackend
 from omni_core.models.loader import WeightLoadError, iter_safetensors, load_weights, random_init
-from omni_core.models.qwen import KVCacheSpec, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
+from omni_core.models.qwen import (
+    KVCacheSpec,
+    Qwen2ForCausalLM,
+    Qwen2MoeForCausalLM,
+    Qwen3ForCausalLM,
+    Qwen3MoeForCausalLM,
+)
 from omni_core.models.registry import ARCHITECTURES, build_causal_lm, load_causal_lm, random_causal_lm
 
 __all__ = [

@@ -77,7 +77,7 @@ class SdpaBackend:
         if self._per_sequence(meta):
             bs = meta.block_size
             seq_slots = []
-            for b, (n, ctx) in enumerate(zip(meta.host_query_lens, meta.host_context_lens)):
+            for b, (n, ctx) in enumerate(zip(meta.host_query_lens, meta.host_context_lens, strict=True)):
                 if ctx == n:
                     seq_slots.append(None)  # no history: attend to the fresh K/V
                 else:
@@ -144,7 +144,7 @@ class SdpaBackend:
         its slots gathered from the cache, masked causally only when several queries need it."""
         outs = []
         start = 0
-        for n, ctx, slots in zip(meta.host_query_lens, meta.host_context_lens, meta.cache["seq_slots"]):
+        for n, ctx, slots in zip(meta.host_query_lens, meta.host_context_lens, meta.cache["seq_slots"], strict=True):
             qb = q[start : start + n].transpose(0, 1)[None]  # [1, heads, n, d]
             mask = None
             if slots is None:

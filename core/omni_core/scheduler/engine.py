@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from omni_core.scheduler.block_manager import BlockManager
 from omni_core.scheduler.ar_scheduler import Scheduler
+from omni_core.scheduler.block_manager import BlockManager
 from omni_core.scheduler.hooks import resolve_hooks
 from omni_core.scheduler.model_runner import ModelRunner
 from omni_core.scheduler.sampling_params import SamplingParams
@@ -161,7 +161,7 @@ class AREngine:
                 raise RuntimeError("the engine cannot schedule any request: the KV cache is too small")
             return []
         sample_index, tokens, step_tensors = self.runner.run(seqs, is_prefill)
-        sampled = {seqs[b].seq_id: tok for b, tok in zip(sample_index, tokens)}
+        sampled = {seqs[b].seq_id: tok for b, tok in zip(sample_index, tokens, strict=True)}
         finished = self.scheduler.postprocess(seqs, is_prefill, sampled)
         outputs = []
         for b, seq in enumerate(seqs):
@@ -188,7 +188,7 @@ class AREngine:
         ids = [f"generate-{uuid.uuid4().hex}" for _ in prompts]
         added = []
         try:
-            for rid, prompt, p in zip(ids, prompts, plist):
+            for rid, prompt, p in zip(ids, prompts, plist, strict=True):
                 self.add_request(EngineRequest(rid, prompt_token_ids=list(prompt), params=p))
                 added.append(rid)
         except Exception:

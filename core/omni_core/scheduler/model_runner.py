@@ -208,7 +208,7 @@ class ModelRunner:
             meta = AttentionMetadata(st["slots"], st["block_tables"], st["context_lens"], st["query_lens"], 1, self.block_size)
             ctx = ForwardContext(meta, self.backend, self.kv_caches, False)
 
-            def step():
+            def step(meta=meta, st=st, ctx=ctx):  # bound now: captured within this iteration
                 self.backend.prepare(meta)
                 hidden = self.model(st["embeds"], st["positions"], ctx)
                 return hidden, self.model.compute_logits(hidden)

@@ -5,10 +5,16 @@ import threading
 import time
 
 import torch
-
 from omni_core.hooks import get_plugin_manager
 from omni_core.pipeline.topology import StageSpec
-from omni_core.scheduler import AREngine, ARStageWorker, AsyncAREngine, EngineConfig, EngineRequest, SamplingParams
+from omni_core.scheduler import (
+    AREngine,
+    ARStageWorker,
+    AsyncAREngine,
+    EngineConfig,
+    EngineRequest,
+    SamplingParams,
+)
 from omni_core.scheduler.executor import Message, StageContext
 
 
@@ -92,7 +98,7 @@ def test_stage_with_custom_request_and_per_request_extras(tiny_model):
             return self.base.embed(ids)
 
         def forward(self, embeds, positions, ctx):
-            shift = torch.cat([ex["shift"].expand(n, -1) for ex, n in zip(ctx.extras, ctx.query_lens)])
+            shift = torch.cat([ex["shift"].expand(n, -1) for ex, n in zip(ctx.extras, ctx.query_lens, strict=True)])
             return self.base(embeds + shift, positions, ctx)
 
         def compute_logits(self, hidden):

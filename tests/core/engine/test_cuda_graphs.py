@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from omni_core.scheduler import AREngine, EngineConfig, EngineRequest, SamplingParams
 
 from .conftest import VOCAB

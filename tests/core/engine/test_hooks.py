@@ -1,7 +1,6 @@
 """Prefill/decode hooks: once per step, batch tensors, own embeddings, own sampler, extra outputs."""
 
 import torch
-
 from omni_core.scheduler import AREngine, ARHooks, EngineConfig, EngineRequest, SamplingParams
 
 

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
 from omni_core.scheduler.sampler import Sampler, build_sampling_tensors
 from omni_core.scheduler.sequence import Sequence

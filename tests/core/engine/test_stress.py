@@ -3,7 +3,6 @@
 import random
 
 import torch
-
 from omni_core.scheduler import AREngine, EngineConfig, EngineRequest, SamplingParams
 
 
@@ -13,7 +12,7 @@ def test_random_traffic_with_aborts_frees_every_block(tiny_model):
     shared = [rng.randrange(128) for _ in range(9)]
     expected_len, produced, finished, aborted = {}, {}, set(), set()
     next_id = 0
-    for step in range(400):
+    for _ in range(400):
         if next_id < 40 and rng.random() < 0.4:
             rid = f"r{next_id}"
             next_id += 1

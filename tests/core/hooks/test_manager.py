@@ -5,7 +5,6 @@ from __future__ import annotations
 import types
 
 import pytest
-
 from omni_core.hooks import EngineSpec, FamilySpec, PluginManager, UnknownNameError, hookimpl
 
 

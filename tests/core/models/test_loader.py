@@ -4,10 +4,9 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from omni_core.models import WeightLoadError, iter_safetensors, load_causal_lm, load_weights
 from omni_core.models.registry import build_causal_lm
+from safetensors.torch import load_file, save_file
 
 
 def test_sharded_checkpoint_loads_like_a_single_file(hf_checkpoints, tmp_path):
@@ -16,7 +15,7 @@ def test_sharded_checkpoint_loads_like_a_single_file(hf_checkpoints, tmp_path):
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     single, sharded = load_causal_lm(path), load_causal_lm(tmp_path)
-    for (name, a), (_, b) in zip(single.state_dict().items(), sharded.state_dict().items()):
+    for (name, a), (_, b) in zip(single.state_dict().items(), sharded.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
 
 
@@ -32,7 +31,7 @@ def test_stacked_expert_tensors_load_like_per_expert_ones(hf_checkpoints):
     reference = load_causal_lm(path)
     model = build_causal_lm(reference.config)
     load_weights(model, stacked.items())
-    for (name, a), (_, b) in zip(reference.state_dict().items(), model.state_dict().items()):
+    for (name, a), (_, b) in zip(reference.state_dict().items(), model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
 
 

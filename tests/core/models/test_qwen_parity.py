@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from omni_core.scheduler import AREngine, SamplingParams
 
 NEW_TOKENS = 16
