@@ -82,7 +82,7 @@ async def create_speech(body: SpeechRequest, request: Request):
             audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
             _observe(state, slot.started, None, len(audio) / rate)
             content = await asyncio.to_thread(encode_audio, audio, rate, fmt)
-            return Response(content, media_type=CONTENT_TYPES[fmt])
+            return Response(content, media_type=CONTENT_TYPES[fmt], headers=_rate_header(rate))
         first, rest = await events_with_first(handle)
         streaming = True
     finally:
@@ -90,7 +90,14 @@ async def create_speech(body: SpeechRequest, request: Request):
             await slot.release()
     stream = _sse_stream if body.stream_format == "sse" else _audio_stream
     media = "text/event-stream" if body.stream_format == "sse" else CONTENT_TYPES[fmt]
-    return SlotStreamingResponse(stream(state, slot, first, rest, fmt, rate), slot, media_type=media)
+    return SlotStreamingResponse(
+        stream(state, slot, first, rest, fmt, rate), slot, media_type=media, headers=_rate_header(rate)
+    )
+
+
+def _rate_header(rate: int) -> dict[str, str]:
+    # raw pcm carries no rate of its own: say it, so clients (omni bench) need not guess
+    return {"X-Sample-Rate": str(rate)}
 
 
 def _observe(state, started: float, first_audio_at: float | None, seconds: float) -> None:

@@ -50,6 +50,7 @@ def test_speech_in_every_format(client, server):
             model="testfamily", input=TEXT, voice="alloy", response_format=fmt
         )
         assert raw.headers["content-type"] == content_type
+        assert raw.headers["x-sample-rate"] == str(RATE)
         audio, rate = sf.read(io.BytesIO(raw.content), dtype="int16")
         assert rate == RATE
         if fmt in ("wav", "flac"):  # lossless: the same samples as pcm
@@ -65,6 +66,7 @@ def test_streamed_speech_equals_whole(client):
         model="testfamily", input=TEXT, voice="echo", response_format="pcm", stream_format="audio"
     ) as response:
         assert response.headers["content-type"] == "audio/pcm"
+        assert response.headers["x-sample-rate"] == str(RATE)
         chunks = [chunk for chunk in response.iter_bytes(chunk_size=None) if chunk]
     assert len(chunks) > 1  # produced and sent chunk by chunk
     np.testing.assert_array_equal(np.frombuffer(b"".join(chunks), dtype="<i2"), whole)
