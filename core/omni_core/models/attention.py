@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from omni_core.models.grouped_decode import grouped_decode, plan_decode_groups
+
 
 @dataclass
 class AttentionMetadata:
@@ -74,6 +76,10 @@ class SdpaBackend:
         self.per_sequence = per_sequence
 
     def prepare(self, meta: AttentionMetadata) -> None:
+        if self.per_sequence is None and meta.host_context_lens is not None and meta.max_query_len == 1 and meta.block_tables.device.type == "cpu":
+            # CPU decode by default: sequences grouped by context length (see grouped_decode)
+            meta.cache["decode_plan"] = plan_decode_groups(meta.block_tables, meta.host_context_lens, meta.block_size)
+            return
         if self._per_sequence(meta):
             bs = meta.block_size
             seq_slots = []
@@ -115,6 +121,8 @@ class SdpaBackend:
 
     def forward(self, q, k, v, k_cache, v_cache, meta, scale):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if "decode_plan" in meta.cache:
+            return grouped_decode(q, k_cache, v_cache, meta.cache["decode_plan"], scale).to(q.dtype)
         if "seq_slots" in meta.cache:
             return self._forward_per_sequence(q, k, v, k_cache, v_cache, meta, scale)
         kv_slots = meta.cache["kv_slots"]

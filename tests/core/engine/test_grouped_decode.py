@@ -1,0 +1,83 @@
+"""Decode attention grouped by context length (the CPU default) against the per-sequence path."""
+
+import pytest
+import torch
+from omni_core.models import SdpaBackend
+from omni_core.models.attention import AttentionMetadata
+from omni_core.models.grouped_decode import plan_decode_groups
+from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
+
+from .conftest import VOCAB
+
+BLOCK = 4
+
+
+def _decode_step(context_lens, heads, kv_heads, dim=8, seed=0):
+    """A paged cache with shuffled blocks and one decode query per sequence."""
+    g = torch.Generator().manual_seed(seed)
+    widths = [-(-n // BLOCK) for n in context_lens]
+    ids = torch.randperm(sum(widths) + 3, generator=g).tolist()
+    tables, at = [], 0
+    for w in widths:
+        tables.append(ids[at : at + w] + [0] * (max(widths) - w))
+        at += w
+    block_tables = torch.tensor(tables)
+    slots = (sum(widths) + 3) * BLOCK
+    k_cache = torch.randn(slots, kv_heads, dim, generator=g)
+    v_cache = torch.randn(slots, kv_heads, dim, generator=g)
+    ctx = torch.tensor(context_lens)
+    last = ctx - 1
+    meta = AttentionMetadata(block_tables[torch.arange(len(ctx)), last // BLOCK] * BLOCK + last % BLOCK, block_tables, ctx, torch.ones_like(ctx), 1, BLOCK)
+    meta.host_query_lens, meta.host_context_lens = [1] * len(ctx), list(context_lens)
+    q = torch.randn(len(ctx), heads, dim, generator=g)
+    k = torch.randn(len(ctx), kv_heads, dim, generator=g)
+    v = torch.randn(len(ctx), kv_heads, dim, generator=g)
+    return q, k, v, k_cache, v_cache, meta
+
+
+def _attend(backend, step):
+    q, k, v, k_cache, v_cache, meta = step
+    meta.cache = {}
+    backend.prepare(meta)
+    return backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, q.shape[-1] ** -0.5), meta
+
+
+@pytest.mark.parametrize(
+    ("context_lens", "heads", "kv_heads"),
+    [
+        ([5], 4, 2),  # one sequence, a padded last block
+        ([8, 4, 12], 4, 4),  # whole blocks only: no mask, no grouped-query folding
+        ([1, 37, 2, 16, 9, 30, 3, 22, 5, 41, 17, 8], 6, 2),  # two groups, mixed lengths, out of order
+    ],
+)
+def test_grouped_decode_equals_per_sequence(context_lens, heads, kv_heads):
+    step = _decode_step(context_lens, heads, kv_heads)
+    expected, _ = _attend(SdpaBackend(per_sequence=True), step)
+    got, meta = _attend(SdpaBackend(), step)
+    assert "decode_plan" in meta.cache  # the default CPU decode path is the grouped one
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_plan_groups_by_length_and_masks_only_padding():
+    lens = [9, 2, 30, 3, 16]
+    tables = torch.arange(5 * 8).view(5, 8)
+    plan = plan_decode_groups(tables, lens, BLOCK, group_size=2)
+    assert [g.rows.tolist() for g in plan.groups] == [[1, 3], [0, 4], [2]]
+    assert [g.length for g in plan.groups] == [4, 16, 32]
+    assert plan.groups[0].blocks.tolist() == [8, 24]
+    first = plan.groups[0].mask[:, 0, 0]
+    assert first.tolist() == [[True, True, False, False], [True, True, True, False]]
+    assert torch.equal(torch.tensor(lens).index_select(0, torch.cat([g.rows for g in plan.groups]))[plan.order], torch.tensor(lens))
+
+
+def test_engine_tokens_are_the_same_on_both_decode_paths(tiny_model):
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (3, 17, 1, 9, 30, 6, 12, 25, 2, 11)]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (12, 5, 20, 9, 3, 16, 7, 11, 14, 6)]
+    outs = {}
+    for per_sequence in (None, True):
+        engine = AREngine(tiny_model, EngineConfig(block_size=BLOCK, num_kv_blocks=128, max_num_seqs=16, attention_backend=SdpaBackend(per_sequence=per_sequence)))
+        outs[per_sequence] = [o.token_ids for o in engine.generate(prompts, params)]
+        assert engine.block_manager.num_free_blocks == 128
+    assert outs[None] == outs[True]
+    assert [len(t) for t in outs[None]] == [p.max_tokens for p in params]
