@@ -16,6 +16,7 @@ from torch import nn
 
 from .config import FlowConfig
 from .dit import DiT
+from .graph_buckets import GraphBuckets
 
 NOISE_FRAMES = 50 * 300  # 300 s of 50 Hz mel frames of fixed noise
 
@@ -100,6 +101,7 @@ class FlowModel(nn.Module):
             cfg.mel_bins, cfg.pre_lookahead_channels, cfg.pre_lookahead_len
         )
         self.decoder = ConditionalCFM(cfg)
+        self.graphs: GraphBuckets | None = None  # CUDA graphs of the Euler loop (use_graphs)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -110,32 +112,92 @@ class FlowModel(nn.Module):
         usable = len(req.tokens) - (0 if req.finalize else self.cfg.pre_lookahead_len)
         return (usable - req.prompt_token_len) * self.cfg.token_mel_ratio
 
-    @torch.inference_mode()
-    def infer(self, requests: list[FlowRequest]) -> list[torch.Tensor]:
-        """Returns, per request, the mel [80, frames] of every token after its prompt (cumulative)."""
+    def prepare(self, requests: list[FlowRequest]) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """The decoder's inputs for a batch (built on the host, moved in one copy each) and each
+        request's last mel frame (prompt included)."""
         device, dtype, ratio = self.input_embedding.weight.device, self.dtype, self.cfg.token_mel_ratio
         lens = [len(r.tokens) for r in requests]
         usable = [
             n - (0 if r.finalize else self.cfg.pre_lookahead_len) for n, r in zip(lens, requests, strict=True)
         ]
-        b, n_max = len(requests), max(lens)
-        tokens = torch.zeros(b, n_max, dtype=torch.long, device=device)
-        token_mask = torch.zeros(b, n_max, 1, dtype=dtype, device=device)
-        for i, r in enumerate(requests):
-            tokens[i, : lens[i]] = r.tokens.to(device).long().clamp(min=0)
-            token_mask[i, : lens[i]] = 1
-        h = self.pre_lookahead_layer(self.input_embedding(tokens) * token_mask)
-        mu = h.repeat_interleave(ratio, dim=1)  # [B, 2N, 80]
         frames = [u * ratio for u in usable]
-        t_max = max(frames)
-        mu = mu[:, :t_max]
-        valid = torch.arange(t_max, device=device)[None, :] < torch.tensor(frames, device=device)[:, None]
-        mu = mu * valid[:, :, None].to(dtype)
-        cond = torch.zeros(b, t_max, self.cfg.mel_bins, dtype=dtype, device=device)
+        b, n_max, t_max = len(requests), max(lens), max(frames)
+        tokens = torch.zeros(b, n_max, dtype=torch.long)
+        token_mask = torch.zeros(b, n_max, 1)
+        cond = torch.zeros(b, t_max, self.cfg.mel_bins)
         for i, r in enumerate(requests):
-            cond[i, : r.prompt_mel.shape[0]] = r.prompt_mel.to(device, dtype)
-        spks = torch.stack([r.embedding.to(device).float() for r in requests])
+            tokens[i, : lens[i]] = r.tokens.long().clamp(min=0)
+            token_mask[i, : lens[i]] = 1
+            cond[i, : r.prompt_mel.shape[0]] = r.prompt_mel.float()
+        valid = torch.arange(t_max)[None, :] < torch.tensor(frames)[:, None]
+        tokens, token_mask = tokens.to(device), token_mask.to(device, dtype)
+        valid = valid.to(device)
+        h = self.pre_lookahead_layer(self.input_embedding(tokens) * token_mask)
+        mu = h.repeat_interleave(ratio, dim=1)[:, :t_max]  # [B, T, 80]
+        mu = mu * valid[:, :, None].to(dtype)
+        spks = torch.stack([r.embedding.float() for r in requests]).to(device)
         spks = self.spk_embed_affine_layer(F.normalize(spks, dim=1).to(dtype))
-        streaming = torch.tensor([r.streaming for r in requests], device=device)
-        mel = self.decoder(mu.transpose(1, 2), valid, spks, cond.transpose(1, 2), streaming)
+        inputs = {
+            "mu": mu.transpose(1, 2),
+            "valid": valid,
+            "spks": spks,
+            "cond": cond.to(device, dtype).transpose(1, 2),
+            "streaming": torch.tensor([r.streaming for r in requests]).to(device),
+        }
+        return inputs, frames
+
+    def use_graphs(
+        self, batches: tuple[int, ...], frames: tuple[int, ...], warm: list[tuple[int, int]] = ()
+    ) -> GraphBuckets:
+        """Run the decoder's whole Euler loop as CUDA graphs per (batch, frames) bucket."""
+        device = self.input_embedding.weight.device
+        if device.type != "cuda":
+            raise ValueError(f"flow CUDA graphs need a CUDA device, not {device}")
+        mel_bins, dtype = self.cfg.mel_bins, self.dtype
+
+        def example(b: int, t: int) -> dict[str, torch.Tensor]:
+            return {
+                "mu": torch.zeros(b, mel_bins, t, device=device, dtype=dtype),
+                "valid": torch.ones(b, t, dtype=torch.bool, device=device),
+                "spks": torch.zeros(b, mel_bins, device=device, dtype=dtype),
+                "cond": torch.zeros(b, mel_bins, t, device=device, dtype=dtype),
+                "streaming": torch.ones(b, dtype=torch.bool, device=device),
+            }
+
+        self.graphs = GraphBuckets(self.decoder, pad_flow_inputs, example, batches, frames, device, "flow")
+        self.graphs.warm(warm)
+        return self.graphs
+
+    @torch.inference_mode()
+    def infer(self, requests: list[FlowRequest]) -> list[torch.Tensor]:
+        """Returns, per request, the mel [80, frames] of every token after its prompt (cumulative)."""
+        inputs, frames = self.prepare(requests)
+        mel = None
+        if self.graphs is not None:
+            mel = self.graphs.run(inputs, len(requests), max(frames))
+        if mel is None:
+            mel = self.decoder(**inputs)
         return [mel[i, :, r.prompt_mel.shape[0] : frames[i]] for i, r in enumerate(requests)]
+
+
+def _pad_to(x: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:
+    out = x.new_full(shape, fill)
+    out[tuple(slice(0, n) for n in x.shape)] = x
+    return out
+
+
+def pad_flow_inputs(inputs: dict[str, torch.Tensor], batch: int, frames: int) -> dict[str, torch.Tensor]:
+    """Pad the decoder's inputs to ``batch`` rows and ``frames`` frames. Padded frames are not
+    valid (masked out of the attention keys; the position conv is causal), so a real row's real
+    frames are unchanged. Dummy rows are all valid, so their attention has keys (no NaN)."""
+    b = inputs["mu"].shape[0]
+    mel_bins = inputs["mu"].shape[1]
+    valid = _pad_to(inputs["valid"], (batch, frames), False)
+    valid[b:] = True
+    return {
+        "mu": _pad_to(inputs["mu"], (batch, mel_bins, frames), 0),
+        "valid": valid,
+        "spks": _pad_to(inputs["spks"], (batch, mel_bins), 0),
+        "cond": _pad_to(inputs["cond"], (batch, mel_bins, frames), 0),
+        "streaming": _pad_to(inputs["streaming"], (batch,), True),
+    }

@@ -15,6 +15,8 @@ from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from .config import HiftConfig
+from .graph_buckets import GraphBuckets
+from .stft import FrameSTFT
 
 NOISE_SECONDS = 20  # length of the fixed excitation-noise table, cycled for longer audio
 
@@ -159,7 +161,8 @@ class HiftGenerator(nn.Module):
             for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes, strict=True):
                 self.resblocks.append(ResBlock(ch, k, d))
         self.conv_post = weight_norm(CausalConv1d(ch, n_fft + 2, 7))
-        self.register_buffer("stft_window", torch.hann_window(n_fft, periodic=True), persistent=False)
+        self.stft = FrameSTFT(n_fft, cfg.hop_len)
+        self.graphs: GraphBuckets | None = None  # CUDA graphs per batch bucket (use_graphs)
 
     def stable_samples(self, frames: int, finalize: bool) -> int:
         """Samples of a ``frames``-long mel that later frames can no longer change."""
@@ -168,25 +171,17 @@ class HiftGenerator(nn.Module):
         held = 3 + self.cfg.conv_pre_look_right + 1  # F0 lookahead, conv_pre lookahead, iSTFT overlap
         return max(frames - held, 0) * self.cfg.samples_per_frame
 
-    def _stft(self, x: torch.Tensor) -> torch.Tensor:
-        spec = torch.stft(
-            x.float(),
-            self.cfg.n_fft,
-            self.cfg.hop_len,
-            self.cfg.n_fft,
-            window=self.stft_window,
-            return_complex=True,
-        )
-        return torch.cat([spec.real, spec.imag], dim=1)
-
     @torch.inference_mode()
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        """mel [B, 80, T] (zeros past each row's end) -> audio [B, T * samples_per_frame] in [-limit, limit]."""
+    def forward(self, mel: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """mel [B, 80, T] (zeros past each row's end) -> audio [B, T * samples_per_frame] in
+        [-limit, limit]. ``lengths`` [B] (frames): a row's samples up to its own end are as if it
+        were alone and unpadded (everything is causal or reflects at the row's own end)."""
         cfg = self.cfg
         # F0 and the phase it integrates stay in float32 whatever the model dtype
         f0 = self.f0_predictor(mel.to(self.f0_predictor.classifier.weight.dtype)).float()
-        source = self.m_source(f0)
-        s_stft = self._stft(source.squeeze(1)).to(self.conv_pre.weight.dtype)
+        source = self.m_source(f0).squeeze(1)
+        samples = None if lengths is None else lengths * cfg.samples_per_frame
+        s_stft = self.stft(source, samples).to(self.conv_pre.weight.dtype)
         x = self.conv_pre(mel)
         for i, up in enumerate(self.ups):
             x = up(F.leaky_relu(x, cfg.lrelu_slope))
@@ -199,6 +194,55 @@ class HiftGenerator(nn.Module):
         half = cfg.n_fft // 2 + 1
         magnitude = torch.exp(x[:, :half].float()).clamp(max=1e2)
         phase = torch.sin(x[:, half:].float())
-        spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        audio = torch.istft(spec, cfg.n_fft, cfg.hop_len, cfg.n_fft, window=self.stft_window)
+        spec = torch.cat([magnitude * torch.cos(phase), magnitude * torch.sin(phase)], dim=1)
+        frames = None if samples is None else self.stft.frames(samples)
+        audio = self.stft.inverse(spec, frames)
         return audio.clamp(-cfg.audio_limit, cfg.audio_limit)
+
+    @torch.inference_mode()
+    def infer(self, mels: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per-request mel [80, T_i] (any device) -> float32 audio [T_i * samples_per_frame] on the
+        model's device, batched (one padded call; through a CUDA graph when ``use_graphs`` ran)."""
+        device, dtype = self.conv_post.weight.device, self.conv_post.weight.dtype
+        lengths = [int(m.shape[1]) for m in mels]
+        batch = torch.zeros(len(mels), self.cfg.in_channels, max(lengths))
+        for i, m in enumerate(mels):
+            batch[i, :, : lengths[i]] = m.float()
+        inputs = {"mel": batch.to(device, dtype), "lengths": torch.tensor(lengths).to(device)}
+        audio = None
+        if self.graphs is not None:
+            audio = self.graphs.run(inputs, len(mels), max(lengths))
+        if audio is None:
+            audio = self(**inputs)
+        per_frame = self.cfg.samples_per_frame
+        return [audio[i, : n * per_frame].float() for i, n in enumerate(lengths)]
+
+    def use_graphs(
+        self, batches: tuple[int, ...], frames: tuple[int, ...], warm: list[tuple[int, int]] = ()
+    ) -> GraphBuckets:
+        """Run ``infer``'s batches as CUDA graphs per (batch, frames) bucket."""
+        device, dtype = self.conv_post.weight.device, self.conv_post.weight.dtype
+        if device.type != "cuda":
+            raise ValueError(f"HiFT CUDA graphs need a CUDA device, not {device}")
+        channels = self.cfg.in_channels
+
+        def example(b: int, t: int) -> dict[str, torch.Tensor]:
+            return {
+                "mel": torch.zeros(b, channels, t, device=device, dtype=dtype),
+                "lengths": torch.full((b,), t, dtype=torch.long, device=device),
+            }
+
+        self.graphs = GraphBuckets(self, pad_hift_inputs, example, batches, frames, device, "hift")
+        self.graphs.warm(warm)
+        return self.graphs
+
+
+def pad_hift_inputs(inputs: dict[str, torch.Tensor], batch: int, frames: int) -> dict[str, torch.Tensor]:
+    """Pad mel with zeros to ``frames`` and add dummy rows; lengths keep each real
+    row's own end (dummy rows take the whole bucket)."""
+    mel, lengths = inputs["mel"], inputs["lengths"]
+    padded = mel.new_zeros(batch, mel.shape[1], frames)
+    padded[: mel.shape[0], :, : mel.shape[2]] = mel
+    full = lengths.new_full((batch,), frames)
+    full[: lengths.shape[0]] = lengths
+    return {"mel": padded, "lengths": full}

@@ -8,6 +8,7 @@ stream message is applied once even if the executor retries a batch (its seq is 
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -87,9 +88,20 @@ class _Applied:
             self.released.popitem(last=False)
 
 
+def _own_stream(device: torch.device):
+    """A CUDA stream of the stage's own, so its work overlaps the llm's decode steps instead of
+    queueing behind them on the default stream; a no-op context elsewhere."""
+    if device.type != "cuda":
+        return nullcontext
+    stream = torch.cuda.Stream(device)
+    torch.cuda.synchronize(device)  # weights were copied on the default stream
+    return lambda: torch.cuda.stream(stream)
+
+
 class FlowWorker:
     def __init__(self, model: FlowModel, hop: int, max_hop: int):
         self.model = model
+        self.stream = _own_stream(model.input_embedding.weight.device)
         self.hop, self.max_hop = hop, max_hop
         self.streams: dict[str, FlowStream] = {}
         self.extra: dict[str, dict[str, Any]] = {}
@@ -123,6 +135,10 @@ class FlowWorker:
         stream.finished = stream.finished or message.end
 
     def process(self, messages, emit) -> None:
+        with self.stream():
+            self._process(messages, emit)
+
+    def _process(self, messages, emit) -> None:
         touched = []
         for message in messages:
             if self.applied.fresh(message):
@@ -181,13 +197,16 @@ class FlowWorker:
 class HiftWorker:
     def __init__(self, model: HiftGenerator):
         self.model = model
+        self.stream = _own_stream(model.conv_post.weight.device)
         self.mel: dict[str, torch.Tensor] = {}
         self.sent: dict[str, int] = {}
         self.applied = _Applied()
 
     def process(self, messages, emit) -> None:
-        device = self.model.conv_post.weight.device
-        dtype = self.model.conv_post.weight.dtype
+        with self.stream():
+            self._process(messages, emit)
+
+    def _process(self, messages, emit) -> None:
         rows = []
         for message in messages:
             rid, p = message.request_id, message.payload
@@ -206,26 +225,23 @@ class HiftWorker:
         if not rows:
             return
         lengths = [self.mel[rid].shape[1] for rid, _, _ in rows]
-        # Rows still streaming share one padded batch (their padding lies past the frames they
-        # emit); a last chunk's tail would see the padding (the iSTFT overlap and the source's
-        # STFT edge), so final rows run in groups of equal length.
-        groups: dict[int, list[int]] = {}
-        for i, (_, end, _) in enumerate(rows):
-            if lengths[i] > 0:
-                groups.setdefault(lengths[i] if end else -1, []).append(i)
-        audio: dict[int, torch.Tensor] = {}
-        for members in groups.values():
-            t_max = max(lengths[i] for i in members)
-            batch = torch.zeros(len(members), self.model.cfg.in_channels, t_max, device=device, dtype=dtype)
-            for j, i in enumerate(members):
-                batch[j, :, : lengths[i]] = self.mel[rows[i][0]].to(device, dtype)
-            out = self.model(batch).float().cpu()
-            audio.update({i: out[j] for j, i in enumerate(members)})
+        spans, sent = [], dict(self.sent)  # (first, last) sample each row sends now
+        for i, (rid, end, _) in enumerate(rows):
+            start = sent.get(rid, 0)
+            spans.append((start, max(start, self.model.stable_samples(lengths[i], end))))
+            sent[rid] = spans[-1][1]
+        # one padded batch (the vocoder keeps each row's samples up to its own end as if alone);
+        # only the new samples leave the device, in one copy
+        todo = [i for i in range(len(rows)) if spans[i][1] > spans[i][0]]
+        deltas: dict[int, torch.Tensor] = {}
+        if todo:
+            outs = self.model.infer([self.mel[rows[i][0]] for i in todo])
+            pieces = [out[spans[i][0] : spans[i][1]] for i, out in zip(todo, outs, strict=True)]
+            host = torch.cat(pieces).cpu().split([p.numel() for p in pieces])
+            deltas = dict(zip(todo, host, strict=True))
+        self.sent = sent
         for i, (rid, end, usage) in enumerate(rows):
-            stable = self.model.stable_samples(lengths[i], end)
-            start = self.sent.get(rid, 0)
-            delta = audio[i][start:stable] if i in audio and stable > start else torch.zeros(0)
-            self.sent[rid] = max(start, stable)
+            delta = deltas.get(i, torch.zeros(0))
             payload: dict[str, Any] = {"audio": delta.contiguous()}
             if end and usage:
                 payload["usage"] = usage

@@ -17,11 +17,13 @@ from omni_core.scheduler.engine import EngineConfig
 from .checkpoint import check_layout, load_flow, load_hift, load_llm, load_speakers
 from .config import load_config
 from .frontend import Frontend
+from .graph_buckets import CAPTURE_LOCK, parse_buckets, parse_warm
 from .llm_stage import SpeechTokenWorker
 from .presets import describe
 from .stage_workers import FlowWorker, FrontendWorker, HiftWorker
 
 log = logging.getLogger(__name__)
+DEFAULT_GRAPH_FRAMES = "64,128,256,512,1024"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -47,7 +49,7 @@ def llm_factory(
     cuda_graphs: bool,
     length_ratios: tuple[float, float] = (2.0, 20.0),
 ):
-    model = load_llm(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
+    model = load_llm(checkpoint_dir)
     model.cfg.min_token_text_ratio, model.cfg.max_token_text_ratio = length_ratios
     config = EngineConfig(
         max_num_seqs=max_num_seqs,
@@ -56,17 +58,42 @@ def llm_factory(
         cuda_graphs=cuda_graphs,
         enable_prefix_caching=True,
     )
-    return SpeechTokenWorker(model, config)
+    with CAPTURE_LOCK:  # the engine captures its decode graphs here
+        model = model.to(device=context.device, dtype=_dtype(dtype))
+        return SpeechTokenWorker(model, config)
 
 
-def flow_factory(context, checkpoint_dir: str, dtype: str, max_hop: int):
+def _graph_plan(options: dict, prefix: str, max_batch: int) -> dict | None:
+    """``<prefix>_graphs`` (warm buckets: batch1 | all | none | BxT,...) and ``<prefix>_graph_frames``;
+    batch buckets are powers of two up to ``max_batch``. None when graphs are off."""
+    warm = str(options.get(f"{prefix}_graphs", "batch1"))
+    if not bool(options.get("cuda_graphs", True)) or warm.strip().lower() == "off":
+        return None
+    frames = parse_buckets(str(options.get(f"{prefix}_graph_frames", DEFAULT_GRAPH_FRAMES)))
+    batches = parse_buckets([2**i for i in range(max_batch.bit_length()) if 2**i < max_batch] + [max_batch])
+    return {"batches": batches, "frames": frames, "warm": parse_warm(warm, batches, frames)}
+
+
+def _on_cuda(context) -> bool:
+    return torch.device(context.device).type == "cuda"
+
+
+def flow_factory(context, checkpoint_dir: str, dtype: str, max_hop: int, graphs: dict | None = None):
     cfg = load_config(checkpoint_dir)
-    model = load_flow(checkpoint_dir, cfg).to(device=context.device, dtype=_dtype(dtype))
+    model = load_flow(checkpoint_dir, cfg)
+    with CAPTURE_LOCK:
+        model = model.to(device=context.device, dtype=_dtype(dtype))
+    if graphs and _on_cuda(context):
+        model.use_graphs(**graphs)
     return FlowWorker(model, cfg.chunk_size, max_hop)
 
 
-def hift_factory(context, checkpoint_dir: str, dtype: str):
-    model = load_hift(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
+def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None):
+    model = load_hift(checkpoint_dir)
+    with CAPTURE_LOCK:
+        model = model.to(device=context.device, dtype=_dtype(dtype))
+    if graphs and _on_cuda(context):
+        model.use_graphs(**graphs)
     return HiftWorker(model)
 
 
@@ -75,7 +102,10 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     (default: ``dtype``), ``hift_dtype`` (default float32), ``max_batch`` (requests per flow /
     hift call and llm rows, default 32), ``batch_window_ms`` (default 5), ``max_hop`` (tokens of
     the largest flow chunk, default 100), ``kv_cache_bytes``, ``cuda_graphs`` (default True),
-    ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20)."""
+    ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20),
+    and on CUDA the flow's and HiFT's graphs: ``flow_graphs`` / ``hift_graphs`` (buckets captured at
+    start-up: batch1 (default) | all | none | BxT,...; off: run eagerly), ``flow_graph_frames`` /
+    ``hift_graph_frames`` (frame buckets, default 64,128,256,512,1024)."""
     check_layout(checkpoint_dir)
     if describe(checkpoint_dir)["preset"]:
         log.warning(
@@ -89,6 +119,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     for name in (dtype, llm_dtype, hift_dtype):
         _dtype(name)
     max_batch = int(options.get("max_batch", 32))
+    flow_graphs, hift_graphs = _graph_plan(options, "flow", max_batch), _graph_plan(options, "hift", max_batch)
     batch_options = {"max_batch": max_batch, "batch_window_ms": float(options.get("batch_window_ms", 5))}
     kv = options.get("kv_cache_bytes")
     make = functools.partial
@@ -126,7 +157,11 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                 "flow",
                 "batch",
                 make(
-                    flow_factory, checkpoint_dir=path, dtype=dtype, max_hop=int(options.get("max_hop", 100))
+                    flow_factory,
+                    checkpoint_dir=path,
+                    dtype=dtype,
+                    max_hop=int(options.get("max_hop", 100)),
+                    graphs=flow_graphs,
                 ),
                 ("cond", "tokens"),
                 ("mel",),
@@ -135,7 +170,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
             StageSpec(
                 "hift",
                 "batch",
-                make(hift_factory, checkpoint_dir=path, dtype=hift_dtype),
+                make(hift_factory, checkpoint_dir=path, dtype=hift_dtype, graphs=hift_graphs),
                 ("mel",),
                 ("audio",),
                 options=dict(batch_options),
