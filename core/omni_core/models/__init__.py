@@ -2,6 +2,7 @@
 
 from omni_core.models.attention import AttentionBackend, AttentionMetadata, ForwardContext, SdpaBackend
 from omni_core.models.loader import WeightLoadError, iter_safetensors, load_weights, random_init
+from omni_core.models.paged_backend import TritonPagedBackend, resolve_attention_backend
 from omni_core.models.qwen import (
     KVCacheSpec,
     Qwen2ForCausalLM,
@@ -22,6 +23,7 @@ __all__ = [
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "SdpaBackend",
+    "TritonPagedBackend",
     "WeightLoadError",
     "build_causal_lm",
     "iter_safetensors",
@@ -29,4 +31,5 @@ __all__ = [
     "load_weights",
     "random_causal_lm",
     "random_init",
+    "resolve_attention_backend",
 ]

@@ -6,10 +6,12 @@ slot ``s`` is token ``s % block_size`` of block ``s // block_size``. A step's to
 token's KV goes (``slot_mapping``) and which blocks each sequence reads (``block_tables``).
 
 A backend implements ``prepare(meta)`` (once per step: index tensors shared by all layers) and
-``forward(q, k, v, k_cache, v_cache, meta)``. ``SdpaBackend`` gathers each sequence's KV into a
-padded batch and runs ``torch.nn.functional.scaled_dot_product_attention`` with a causal mask
-built from lengths: the same code serves prefill, chunked prefill and decode, on CPU and in
-CUDA graphs (its decode path has static shapes).
+``forward(q, k, v, k_cache, v_cache, meta, scale)``. ``SdpaBackend`` gathers each sequence's KV
+into a padded batch and runs ``torch.nn.functional.scaled_dot_product_attention`` with a causal
+mask built from lengths: the same code serves prefill, chunked prefill and decode, on CPU and in
+CUDA graphs (its decode path has static shapes). A backend with ``fuses_rotary = True`` also takes
+``rope=(cos, sin)`` and rotates q and k itself (with its cache write); one with ``fused_ops =
+True`` asks the backbones for their fused norm and activation kernels (``TritonPagedBackend``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from omni_core.models.grouped_decode import grouped_decode, plan_decode_groups
+from omni_core.models.layers import apply_rotary
 
 
 @dataclass
@@ -121,6 +124,10 @@ class SdpaBackend:
 
     def forward(self, q, k, v, k_cache, v_cache, meta, scale):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend(q, k, v, k_cache, v_cache, meta, scale)
+
+    def attend(self, q, k, v, k_cache, v_cache, meta, scale):
+        """Attention once the step's K/V are in the cache (``prepare(meta)`` ran for this step)."""
         if "decode_plan" in meta.cache:
             return grouped_decode(q, k_cache, v_cache, meta.cache["decode_plan"], scale).to(q.dtype)
         if "seq_slots" in meta.cache:
@@ -179,7 +186,8 @@ class ForwardContext:
     the batch's sequences in batch order (a family keeps, e.g., cross-attention K/V there);
     ``query_lens`` (a Python list) says how many packed tokens each sequence has this step.
     ``capture(index, hidden)`` records hidden states for requests that asked for that layer
-    (index 0: input embeddings, i: output of decoder layer i, counting from 1).
+    (index 0: input embeddings, i: output of decoder layer i, counting from 1). ``fused_ops``
+    says whether the backend wants the backbones' fused kernels (norms, activations).
     """
 
     def __init__(
@@ -200,11 +208,18 @@ class ForwardContext:
         self.query_lens = query_lens or []
         self.capture_layers = capture_layers
         self.captured: dict[int, torch.Tensor] = {}
+        self.fused_ops = bool(getattr(backend, "fused_ops", False))
 
-    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``rope`` (each token's cos and sin rows, see ``RotaryEmbedding.table``) rotates q and k
+        first; a backend that fuses the rotation with its cache write does it."""
         k_cache, v_cache = self.kv_caches[layer]
         if scale is None:
             scale = q.shape[-1] ** -0.5
+        if rope is not None:
+            if getattr(self.backend, "fuses_rotary", False):
+                return self.backend.forward(q, k, v, k_cache, v_cache, self.meta, scale, rope=rope)
+            q, k = apply_rotary(q, k, rope)
         return self.backend.forward(q, k, v, k_cache, v_cache, self.meta, scale)
 
     def capture(self, index: int, hidden: torch.Tensor) -> None:

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_core.models import kernels
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm. In float32 it matches the references exactly (normalise, then
@@ -17,7 +19,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, fused: bool = False):
+        """``norm(x)``; with ``residual``, ``(norm(x + residual), x + residual)``. ``fused`` runs one
+        Triton kernel (add, norm and both writes) instead of the torch ops."""
+        if fused:
+            return kernels.rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            residual = x + residual
+            return self._norm(residual), residual
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
         return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), eps=self.eps)
@@ -72,8 +84,11 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = PackedLinear(hidden, [intermediate, intermediate], bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if fused:
+            return self.down_proj(kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

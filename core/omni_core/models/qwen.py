@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from omni_core.models.attention import ForwardContext
-from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, apply_rotary, rope_theta
+from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, rope_theta
 from omni_core.models.moe import SparseMoeBlock
 
 
@@ -55,8 +55,7 @@ class QwenAttention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, rope)
-        out = ctx.attention(self.layer_index, q, k, v)
+        out = ctx.attention(self.layer_index, q, k, v, rope=rope)
         return self.o_proj(out.reshape(T, -1))
 
 
@@ -78,9 +77,18 @@ class QwenDecoderLayer(nn.Module):
         else:
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, rope, ctx):
-        x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, ctx):
+        """Returns (this layer's last block output, the residual stream): the layer's output is
+        their sum, left to the next norm, which adds it (one fused kernel on the fused path)."""
+        fused = ctx.fused_ops
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x, fused=fused)
+        else:
+            x, residual = self.input_layernorm(x, residual, fused=fused)
+        x = self.self_attn(x, rope, ctx)
+        x, residual = self.post_attention_layernorm(x, residual, fused=fused)
+        return self.mlp(x, fused=fused), residual
 
 
 class QwenModel(nn.Module):
@@ -101,11 +109,12 @@ class QwenModel(nn.Module):
         ctx.capture(0, x)
         rope = self.rotary.table(positions, x.dtype)
         last = len(self.layers)
+        residual = None
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, ctx)
-            if i + 1 < last:
-                ctx.capture(i + 1, x)
-        x = self.norm(x)
+            x, residual = layer(x, residual, rope, ctx)
+            if i + 1 < last and i + 1 in ctx.capture_layers:
+                ctx.capture(i + 1, x + residual)
+        x, _ = self.norm(x, residual, fused=ctx.fused_ops)
         ctx.capture(last, x)  # the last entry is after the final norm, as in Hugging Face's hidden_states
         return x
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from omni_core.models.attention import AttentionMetadata, ForwardContext, SdpaBackend
+from omni_core.models.attention import AttentionMetadata, ForwardContext
+from omni_core.models.paged_backend import resolve_attention_backend
 from omni_core.scheduler.hooks import StepBatch
 from omni_core.scheduler.sampler import Sampler, build_sampling_tensors
 from omni_core.scheduler.sequence import Sequence
@@ -27,7 +28,7 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.hooks = hooks
-        self.backend = backend or SdpaBackend()
+        self.backend = resolve_attention_backend(backend, device)  # triton on CUDA when it imports, else sdpa
         self.sampler = Sampler()
         spec = model.kv_cache_spec
         slots = (num_blocks + 1) * block_size
