@@ -8,8 +8,14 @@ audio seconds and RTF = latency / audio seconds; and for the level, throughput R
 total audio seconds. Random weights stop at random, so ``--min-ratio`` sets how many speech
 tokens per text token a request makes at least (default 2, the model's own).
 
+``--trace`` also reports, per level, when each request's stages first produced something (mean
+ms after submit): frontend done, first llm token, first token chunk sent to the flow, first mel
+out of the flow, first audio out of HiFT, first audio at the client. It wraps the stage workers'
+``emit`` in this process (in-process placement only).
+
     python benchmarks/cosyvoice3_bench.py --preset tiny --device cpu --concurrency 1 8 32
     python benchmarks/cosyvoice3_bench.py --preset full --device cuda --dtype bfloat16 --min-ratio 8
+    python benchmarks/cosyvoice3_bench.py --preset tiny --device cpu --concurrency 1 --trace
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -32,7 +39,59 @@ def _percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def run_level(pipeline, concurrency: int, rounds: int, seed0: int) -> dict:
+TRACE_STAGES = ("frontend", "llm first token", "llm first chunk", "flow first mel", "hift first audio")
+
+
+def install_trace() -> dict[str, dict[str, float]]:
+    """Wrap the stage workers so each stage's first output per request id gets a timestamp."""
+    from omni_cosyvoice3.llm_stage import SpeechTokenWorker
+    from omni_cosyvoice3.stage_workers import FlowWorker, FrontendWorker, HiftWorker
+
+    marks: dict[str, dict[str, float]] = defaultdict(dict)
+
+    def stamp(stage: str, request_id: str) -> None:
+        marks[stage].setdefault(request_id, time.perf_counter())
+
+    frontend_call = FrontendWorker.__call__
+
+    def frontend(self, message, emit):
+        frontend_call(self, message, emit)
+        stamp("frontend", message.request_id)
+
+    on_output = SpeechTokenWorker.on_output
+
+    def llm(self, request_id, new_token_ids, finished, step_outputs, emit):
+        if new_token_ids:
+            stamp("llm first token", request_id)
+
+        def traced(port, payload, end=False):
+            if payload.get("token_ids"):
+                stamp("llm first chunk", request_id)
+            return emit(port, payload, end=end)
+
+        return on_output(self, request_id, new_token_ids, finished, step_outputs, traced)
+
+    def wrap(cls, stage: str, key: str):
+        process = cls.process
+
+        def traced_process(self, messages, emit):
+            def traced(request_id, port, payload, end=False):
+                if payload.get(key) is not None and payload[key].numel():
+                    stamp(stage, request_id)
+                return emit(request_id, port, payload, end=end)
+
+            return process(self, messages, traced)
+
+        cls.process = traced_process
+
+    FrontendWorker.__call__ = frontend
+    SpeechTokenWorker.on_output = llm
+    wrap(FlowWorker, "flow first mel", "mel")
+    wrap(HiftWorker, "hift first audio", "audio")
+    return marks
+
+
+def run_level(pipeline, concurrency: int, rounds: int, seed0: int, marks: dict | None = None) -> dict:
     records: list[dict] = []
     wall, audio_total = 0.0, 0.0
     for r in range(rounds):
@@ -53,13 +112,20 @@ def run_level(pipeline, concurrency: int, rounds: int, seed0: int) -> dict:
             }
             start = time.perf_counter()
             first, samples = None, 0
-            for event in pipeline.submit(inputs):
+            handle = pipeline.submit(inputs)
+            for event in handle:
                 if event.name == "audio" and event.payload.get("audio") is not None:
                     n = int(event.payload["audio"].numel())
                     if n and first is None:
                         first = time.perf_counter() - start
                     samples += n
-            results[i] = {"ttfa": first, "latency": time.perf_counter() - start, "audio_s": samples / 24000}
+            results[i] = {
+                "ttfa": first,
+                "latency": time.perf_counter() - start,
+                "audio_s": samples / 24000,
+                "rid": handle.request_id,
+                "start": start,
+            }
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(concurrency)]
         t0 = time.perf_counter()
@@ -72,7 +138,14 @@ def run_level(pipeline, concurrency: int, rounds: int, seed0: int) -> dict:
         records.extend(results)
     ttfa = [x["ttfa"] for x in records if x["ttfa"] is not None]
     rtf = [x["latency"] / x["audio_s"] for x in records if x["audio_s"] > 0]
+    trace = {}
+    if marks is not None:
+        for stage in TRACE_STAGES:
+            times = [marks[stage][x["rid"]] - x["start"] for x in records if x["rid"] in marks[stage]]
+            trace[stage] = 1000 * statistics.mean(times) if times else None
+        trace["client first audio"] = 1000 * statistics.mean(ttfa)
     return {
+        "trace_ms": trace,
         "concurrency": concurrency,
         "requests": len(records),
         "ttfa_ms_mean": 1000 * statistics.mean(ttfa),
@@ -98,6 +171,8 @@ def main() -> None:
     parser.add_argument("--min-ratio", type=float, default=2.0, help="min speech tokens per text token")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--trace", action="store_true", help="per-stage times to first output")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a build option")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -115,6 +190,10 @@ def main() -> None:
         "max_batch": max(args.concurrency),
         "min_token_text_ratio": args.min_ratio,
     }
+    for item in args.option:
+        key, _, value = item.partition("=")
+        options[key] = value
+    marks = install_trace() if args.trace else None
     device = "cuda:0" if args.device == "cuda" else args.device
     pipeline = Pipeline(build(directory, options), device=device, plugin_manager=get_plugin_manager()).start()
     try:
@@ -123,7 +202,7 @@ def main() -> None:
         for c in args.concurrency:
             if c > 1:
                 run_level(pipeline, c, 1, seed0=98)  # warm-up of this batch size
-            res = run_level(pipeline, c, args.rounds, seed0=1)
+            res = run_level(pipeline, c, args.rounds, seed0=1, marks=marks)
             results.append(res)
             print(json.dumps(res), flush=True)
     finally:
@@ -138,6 +217,12 @@ def main() -> None:
             f"| {r['concurrency']} | {r['ttfa_ms_mean']:.0f} / {r['ttfa_ms_p90']:.0f} | {r['rtf_mean']:.3f} / "
             f"{r['rtf_p90']:.3f} | {r['throughput_rtf']:.3f} | {r['audio_s_mean']:.1f} |"
         )
+    if marks is not None:
+        print("\n| concurrency | " + " | ".join(TRACE_STAGES) + " | client first audio |")
+        print("| --- " * (len(TRACE_STAGES) + 2) + "|")
+        for r in results:
+            cells = [f"{v:.0f}" if v is not None else "-" for v in r["trace_ms"].values()]
+            print(f"| {r['concurrency']} | " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps({"setup": header, "results": results}, indent=2))
 

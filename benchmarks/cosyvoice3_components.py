@@ -5,7 +5,11 @@
 - flow: one chunk call (10 Euler steps x CFG) over 56 and 256 mel frames per request;
 - hift: one vocoder pass over 56 and 256 mel frames per request.
 
+On CUDA the flow and HiFT rows are timed eagerly and through their bucketed CUDA graphs (frame
+buckets 64,128,256,512,1024; the batch is its own bucket), side by side, with the ratio.
+
     python benchmarks/cosyvoice3_components.py --preset full --device cuda --dtype bfloat16
+    python benchmarks/cosyvoice3_components.py --preset full --device cuda --dtype bfloat16 --skip-llm
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--json")
+    parser.add_argument("--skip-llm", action="store_true", help="time only the flow and HiFT")
     args = parser.parse_args()
     from omni_cosyvoice3.checkpoint import load_flow, load_hift
     from omni_cosyvoice3.flow import FlowRequest
@@ -83,7 +88,7 @@ def main() -> None:
         Path(tempfile.gettempdir()) / f"omni-bench-cosyvoice3-{args.preset}", args.preset
     )
     rows = []
-    for batch in args.batches:
+    for batch in [] if args.skip_llm else args.batches:
         rows.append(
             {
                 "part": "llm decode step, RAS hook",
@@ -101,6 +106,8 @@ def main() -> None:
         print(json.dumps(rows[-2:]), flush=True)
     flow = load_flow(directory).to(device=device, dtype=dtype)
     hift = load_hift(directory).to(device=device)
+    graphs = device.startswith("cuda")
+    frame_buckets = (64, 128, 256, 512, 1024)
     for frames in (56, 256):
         for batch in args.batches:
             tokens = frames // 2 + 3
@@ -110,25 +117,25 @@ def main() -> None:
                 )
                 for _ in range(batch)
             ]
-            rows.append(
-                {
-                    "part": f"flow chunk, {frames} frames",
-                    "batch": batch,
-                    "ms": timed(lambda reqs=reqs: flow.infer(reqs), device),
-                }
-            )
-            mel = torch.randn(batch, 80, frames, device=device) - 4
-            rows.append(
-                {
-                    "part": f"hift, {frames} frames",
-                    "batch": batch,
-                    "ms": timed(lambda mel=mel: hift(mel), device),
-                }
-            )
-            print(json.dumps(rows[-2:]), flush=True)
-    print(f"\n{args.preset} preset, {args.device}, {args.dtype}\n| part | batch | ms |\n| --- | --- | --- |")
+            mels = [torch.randn(80, frames) - 4 for _ in range(batch)]
+            for part, model, call in (
+                ("flow chunk", flow, lambda reqs=reqs: flow.infer(reqs)),
+                ("hift", hift, lambda mels=mels: hift.infer(mels)),
+            ):
+                model.graphs = None
+                row = {"part": f"{part}, {frames} frames", "batch": batch, "ms": timed(call, device)}
+                if graphs:
+                    model.use_graphs(batches=(batch,), frames=frame_buckets)
+                    row["graph_ms"] = timed(call, device)
+                    row["capture_s"] = model.graphs.capture_seconds
+                    model.graphs = None
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print(f"\n{args.preset} preset, {args.device}, {args.dtype}")
+    print("| part | batch | eager ms | graph ms | eager / graph |\n| --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['part']} | {r['batch']} | {r['ms']:.1f} |")
+        graph = f"{r['graph_ms']:.1f} | {r['ms'] / r['graph_ms']:.1f}x" if "graph_ms" in r else "- | -"
+        print(f"| {r['part']} | {r['batch']} | {r['ms']:.1f} | {graph} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -4,8 +4,13 @@ The flow's Euler loop and the vocoder are launch-bound on a GPU: the same call c
 same whether it holds 50 frames or 500. ``GraphBuckets`` captures a function once per bucket
 (batch sizes and frame counts, each rounded up to the next bucket) into graphs that share one
 memory pool, copies each call's padded inputs into the bucket's static buffers and replays.
-Buckets are captured lazily on first use, or up front for a list of warm buckets; a call larger
+Buckets are captured lazily on first use, or ahead for a list of warm buckets; a call larger
 than the largest bucket returns None and the caller runs eagerly.
+
+Stages start in parallel threads and the llm engine captures its decode graphs during its start
+in a mode that forbids allocations and syncs from every other thread, so the stage workers do
+not capture at start-up: their warm buckets are captured just before their first batch
+(``defer``), when every stage has started.
 
 The model supplies ``pad(inputs, batch, frames)``: it pads a call's inputs to a bucket so that
 the real rows' real frames come out as they would unpadded (right padding masked or past a
@@ -24,9 +29,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-# One capture at a time in this process. The llm engine captures its decode graphs at start-up
-# in another stage's thread; a global-mode capture forbids allocations and syncs from every
-# thread, so stage start-ups that touch the device take this lock too.
+# one capture at a time in this process (the flow and HiFT stages run in threads of their own)
 CAPTURE_LOCK = threading.RLock()
 
 Inputs = dict[str, torch.Tensor]
@@ -82,6 +85,7 @@ class GraphBuckets:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Inputs, torch.Tensor]] = {}
         self.pool = None
         self.capture_seconds = 0.0
+        self.deferred: list[tuple[int, int]] = []
 
     def bucket(self, batch: int, frames: int) -> tuple[int, int] | None:
         b, t = round_up(batch, self.batches), round_up(frames, self.frames)
@@ -114,11 +118,19 @@ class GraphBuckets:
         log.info("%s: captured a CUDA graph for %dx%d in %.2f s", self.name, *key, time.perf_counter() - start)
 
     def warm(self, buckets: Iterable[tuple[int, int]]) -> None:
+        """Capture these buckets now."""
         for b, t in buckets:
             self.capture(b, t)
 
+    def defer(self, buckets: Iterable[tuple[int, int]]) -> None:
+        """Capture these buckets before the first ``run``."""
+        self.deferred.extend(buckets)
+
     def run(self, inputs: Inputs, batch: int, frames: int) -> torch.Tensor | None:
         """The padded output's first ``batch`` rows (a copy), or None past the largest bucket."""
+        if self.deferred:
+            warm, self.deferred = self.deferred, []
+            self.warm(warm)
         key = self.bucket(batch, frames)
         if key is None:
             return None

@@ -88,20 +88,27 @@ class _Applied:
             self.released.popitem(last=False)
 
 
-def _own_stream(device: torch.device):
+class _OwnStream:
     """A CUDA stream of the stage's own, so its work overlaps the llm's decode steps instead of
-    queueing behind them on the default stream; a no-op context elsewhere."""
-    if device.type != "cuda":
-        return nullcontext
-    stream = torch.cuda.Stream(device)
-    torch.cuda.synchronize(device)  # weights were copied on the default stream
-    return lambda: torch.cuda.stream(stream)
+    queueing behind them on the default stream; a no-op elsewhere. Made on first use: stages
+    start in parallel and the llm engine's graph capture forbids other threads' syncs then."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.stream = device, None
+
+    def __call__(self):
+        if self.device.type != "cuda":
+            return nullcontext()
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+            torch.cuda.synchronize(self.device)  # weights were copied on the default stream
+        return torch.cuda.stream(self.stream)
 
 
 class FlowWorker:
     def __init__(self, model: FlowModel, hop: int, max_hop: int):
         self.model = model
-        self.stream = _own_stream(model.input_embedding.weight.device)
+        self.stream = _OwnStream(model.input_embedding.weight.device)
         self.hop, self.max_hop = hop, max_hop
         self.streams: dict[str, FlowStream] = {}
         self.extra: dict[str, dict[str, Any]] = {}
@@ -197,7 +204,7 @@ class FlowWorker:
 class HiftWorker:
     def __init__(self, model: HiftGenerator):
         self.model = model
-        self.stream = _own_stream(model.conv_post.weight.device)
+        self.stream = _OwnStream(model.conv_post.weight.device)
         self.mel: dict[str, torch.Tensor] = {}
         self.sent: dict[str, int] = {}
         self.applied = _Applied()

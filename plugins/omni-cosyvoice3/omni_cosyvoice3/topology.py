@@ -17,7 +17,7 @@ from omni_core.scheduler.engine import EngineConfig
 from .checkpoint import check_layout, load_flow, load_hift, load_llm, load_speakers
 from .config import load_config
 from .frontend import Frontend
-from .graph_buckets import CAPTURE_LOCK, parse_buckets, parse_warm
+from .graph_buckets import parse_buckets, parse_warm
 from .llm_stage import SpeechTokenWorker
 from .presets import describe
 from .stage_workers import FlowWorker, FrontendWorker, HiftWorker
@@ -58,9 +58,8 @@ def llm_factory(
         cuda_graphs=cuda_graphs,
         enable_prefix_caching=True,
     )
-    with CAPTURE_LOCK:  # the engine captures its decode graphs here
-        model = model.to(device=context.device, dtype=_dtype(dtype))
-        return SpeechTokenWorker(model, config)
+    model = model.to(device=context.device, dtype=_dtype(dtype))
+    return SpeechTokenWorker(model, config)
 
 
 def _graph_plan(options: dict, prefix: str, max_batch: int) -> dict | None:
@@ -71,7 +70,11 @@ def _graph_plan(options: dict, prefix: str, max_batch: int) -> dict | None:
         return None
     frames = parse_buckets(str(options.get(f"{prefix}_graph_frames", DEFAULT_GRAPH_FRAMES)))
     batches = parse_buckets([2**i for i in range(max_batch.bit_length()) if 2**i < max_batch] + [max_batch])
-    return {"batches": batches, "frames": frames, "warm": parse_warm(warm, batches, frames)}
+    plan = {"batches": batches, "frames": frames, "warm": parse_warm(warm, batches, frames)}
+    for b, t in plan["warm"]:
+        if b > batches[-1] or t > frames[-1]:
+            raise ValueError(f"cosyvoice3: {prefix}_graphs bucket {b}x{t} exceeds the largest bucket")
+    return plan
 
 
 def _on_cuda(context) -> bool:
@@ -80,31 +83,27 @@ def _on_cuda(context) -> bool:
 
 def flow_factory(context, checkpoint_dir: str, dtype: str, max_hop: int, graphs: dict | None = None):
     cfg = load_config(checkpoint_dir)
-    model = load_flow(checkpoint_dir, cfg)
-    with CAPTURE_LOCK:
-        model = model.to(device=context.device, dtype=_dtype(dtype))
+    model = load_flow(checkpoint_dir, cfg).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _on_cuda(context):
-        model.use_graphs(**graphs)
+        model.use_graphs(graphs["batches"], graphs["frames"]).defer(graphs["warm"])
     return FlowWorker(model, cfg.chunk_size, max_hop)
 
 
 def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None):
-    model = load_hift(checkpoint_dir)
-    with CAPTURE_LOCK:
-        model = model.to(device=context.device, dtype=_dtype(dtype))
+    model = load_hift(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _on_cuda(context):
-        model.use_graphs(**graphs)
+        model.use_graphs(graphs["batches"], graphs["frames"]).defer(graphs["warm"])
     return HiftWorker(model)
 
 
 def build(checkpoint_dir: str, options: dict) -> Topology:
     """Options: ``dtype`` (flow; float32 | bfloat16 | float16, default float32), ``llm_dtype``
     (default: ``dtype``), ``hift_dtype`` (default float32), ``max_batch`` (requests per flow /
-    hift call and llm rows, default 32), ``batch_window_ms`` (default 5), ``max_hop`` (tokens of
+    hift call and llm rows, default 32), ``batch_window_ms`` (default 1), ``max_hop`` (tokens of
     the largest flow chunk, default 100), ``kv_cache_bytes``, ``cuda_graphs`` (default True),
     ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20),
     and on CUDA the flow's and HiFT's graphs: ``flow_graphs`` / ``hift_graphs`` (buckets captured at
-    start-up: batch1 (default) | all | none | BxT,...; off: run eagerly), ``flow_graph_frames`` /
+    the first batch: batch1 (default) | all | none | BxT,...; off: run eagerly), ``flow_graph_frames`` /
     ``hift_graph_frames`` (frame buckets, default 64,128,256,512,1024)."""
     check_layout(checkpoint_dir)
     if describe(checkpoint_dir)["preset"]:
@@ -120,7 +119,8 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
         _dtype(name)
     max_batch = int(options.get("max_batch", 32))
     flow_graphs, hift_graphs = _graph_plan(options, "flow", max_batch), _graph_plan(options, "hift", max_batch)
-    batch_options = {"max_batch": max_batch, "batch_window_ms": float(options.get("batch_window_ms", 5))}
+    # a short window: a flow or HiFT call queues what arrives meanwhile for the next batch anyway
+    batch_options = {"max_batch": max_batch, "batch_window_ms": float(options.get("batch_window_ms", 1))}
     kv = options.get("kv_cache_bytes")
     make = functools.partial
     path = str(Path(checkpoint_dir))

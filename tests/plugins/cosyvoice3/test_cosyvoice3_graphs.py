@@ -93,7 +93,11 @@ def test_hift_padded_batch_equals_each_row_alone_to_its_last_sample(hift):
         torch.testing.assert_close(out[i, : audio.numel()], audio, atol=2e-5, rtol=1e-4)
 
 
-def test_graph_bucket_options():
+def test_graph_bucket_options(tiny_dir):
+    from omni_cosyvoice3.topology import build
+
+    with pytest.raises(ValueError, match="exceeds the largest bucket"):
+        build(tiny_dir, {"flow_graphs": "64x128", "max_batch": 8})
     assert parse_buckets("256, 64,128") == (64, 128, 256)
     assert parse_warm("batch1", (1, 2), (64, 128)) == [(1, 64), (1, 128)]
     assert parse_warm("all", (1, 2), (64,)) == [(1, 64), (2, 64)]
