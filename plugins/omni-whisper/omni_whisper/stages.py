@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 from omni_core.serve.exceptions import InvalidInput
 
 from omni_whisper.checkpoint import WhisperCheckpoint, load_checkpoint, resolve_checkpoint_dir
+from omni_whisper.cpu_threads import ThreadSetter, compute_threads, encoder_workers, turn_lock
 from omni_whisper.decoding import LogitRules, RequestState, Window
 from omni_whisper.features import log_mel, split_windows
 from omni_whisper.model import WhisperModel
@@ -26,38 +28,16 @@ MAX_PROMPT_TOKENS = 223
 ENCODER_CHUNK = 2  # windows per encoder forward: bounds the attention buffers and the turn length
 
 
-class TurnLock:
-    """A first-come first-served lock. The encoder and decoder threads of one process take
-    turns with it: each uses torch's whole intra-op thread pool, and two pools on the same cores
-    slow each other down. FIFO, so a decoder stepping in a loop cannot starve the encoder."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._next_ticket = 0
-        self._serving = 0
-
-    def __enter__(self) -> None:
-        with self._cond:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            while ticket != self._serving:
-                self._cond.wait()
-
-    def __exit__(self, *exc) -> None:
-        with self._cond:
-            self._serving += 1
-            self._cond.notify_all()
-
-
-COMPUTE_LOCK = TurnLock()
-
 _LOAD_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=4)
 def _load(checkpoint_dir: str, dtype_name: str) -> tuple[WhisperCheckpoint, WhisperModel, WhisperTokenizer]:
     checkpoint = load_checkpoint(resolve_checkpoint_dir(checkpoint_dir))
-    model = WhisperModel.from_checkpoint(checkpoint, getattr(torch, dtype_name))
+    if dtype_name == "int8":  # int8 weights, float32 activations
+        model = WhisperModel.from_checkpoint(checkpoint, torch.float32).quantize_int8()
+    else:
+        model = WhisperModel.from_checkpoint(checkpoint, getattr(torch, dtype_name))
     tokenizer = WhisperTokenizer(checkpoint.tokenizer_dir, checkpoint.config.vocab_size)
     checkpoint.state_dict = {}  # the model holds the weights now
     return checkpoint, model, tokenizer
@@ -116,18 +96,28 @@ class Frontend:
 class Encoder:
     """Encodes the windows of every request in the batch together."""
 
-    def __init__(self, checkpoint_dir: str, dtype: str):
+    def __init__(self, checkpoint_dir: str, dtype: str, threads: str = "shared"):
         _, self.model, _ = load_model(checkpoint_dir, dtype)
         self.dtype = self.model.encoder.conv1.weight.dtype
+        self.lock = turn_lock(threads)
+        workers, intra_op = encoder_workers(threads), compute_threads(threads)
+        self.chunk = 1 if workers > 1 else ENCODER_CHUNK
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="omni-whisper-encoder",
+                                       initializer=ThreadSetter(intra_op)) if workers > 1 else None
+        self.set_threads = ThreadSetter(intra_op)
+
+    def _encode(self, chunk: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode(), self.lock:
+            return self.model.encoder(chunk)
 
     def process(self, messages, emit) -> None:
         mels = torch.cat([m.payload["mel"] for m in messages]).to(self.dtype)
-        with torch.inference_mode():
-            parts = []
-            for chunk in mels.split(ENCODER_CHUNK):
-                with COMPUTE_LOCK:
-                    parts.append(self.model.encoder(chunk))
-            encoded = torch.cat(parts)
+        chunks = mels.split(self.chunk)
+        if self.pool is not None:
+            encoded = torch.cat(list(self.pool.map(self._encode, chunks)))
+        else:
+            self.set_threads()
+            encoded = torch.cat([self._encode(chunk) for chunk in chunks])
         start = 0
         for message in messages:
             count = message.payload["mel"].shape[0]
@@ -140,8 +130,10 @@ class Encoder:
 class DecoderWorker:
     """What the ``whisper-decode`` engine needs: the model, tokenizer and decoding rules."""
 
-    def __init__(self, checkpoint_dir: str, dtype: str):
+    def __init__(self, checkpoint_dir: str, dtype: str, threads: str = "shared"):
         checkpoint, self.model, self.tokenizer = load_model(checkpoint_dir, dtype)
+        self.set_threads = ThreadSetter(compute_threads(threads))
+        self.lock = turn_lock(threads)
         config = checkpoint.config
         self.source_positions = config.max_source_positions
         self.rules = LogitRules(self.tokenizer, checkpoint.suppress_ids, checkpoint.begin_suppress_ids, config.vocab_size)
@@ -174,9 +166,9 @@ def frontend_factory(context, checkpoint_dir: str, dtype: str = "float32"):
     return Frontend(checkpoint_dir, dtype)
 
 
-def encoder_factory(context, checkpoint_dir: str, dtype: str = "float32"):
-    return Encoder(checkpoint_dir, dtype)
+def encoder_factory(context, checkpoint_dir: str, dtype: str = "float32", threads: str = "shared"):
+    return Encoder(checkpoint_dir, dtype, threads)
 
 
-def decoder_factory(context, checkpoint_dir: str, dtype: str = "float32"):
-    return DecoderWorker(checkpoint_dir, dtype)
+def decoder_factory(context, checkpoint_dir: str, dtype: str = "float32", threads: str = "shared"):
+    return DecoderWorker(checkpoint_dir, dtype, threads)

@@ -8,6 +8,7 @@ import functools
 from omni_core.pipeline import Edge, StageSpec, Topology
 
 from omni_whisper import stages
+from omni_whisper.cpu_threads import check_mode
 
 
 def cpu_has_native_bf16() -> bool:
@@ -23,8 +24,14 @@ def cpu_has_native_bf16() -> bool:
 def resolve_dtype(name: str) -> str:
     if name == "auto":
         return "bfloat16" if cpu_has_native_bf16() else "float32"
-    if name not in ("float32", "bfloat16"):
-        raise ValueError(f"whisper: dtype must be auto, float32 or bfloat16, not {name!r}")
+    if name not in ("float32", "bfloat16", "int8"):
+        raise ValueError(f"whisper: dtype must be auto, float32, bfloat16 or int8, not {name!r}")
+    if name == "int8":
+        from omni_whisper.int8 import int8_supported
+
+        supported, reason = int8_supported()
+        if not supported:
+            raise ValueError(f"whisper: dtype int8 is not available here: {reason}")
     return name
 
 
@@ -34,6 +41,8 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     ``encoder_batch`` (requests encoded together, 8), ``batch_window_ms`` (encoder, 5),
     ``temperature_fallback`` (default False)."""
     dtype = resolve_dtype(str(options.get("dtype", "auto")))
+    threads = str(options.get("threads", "shared"))
+    check_mode(threads)  # a bad value fails here, before any stage starts
     encoder_options = {
         "max_batch": int(options.get("encoder_batch", 8)),
         "batch_window_ms": float(options.get("batch_window_ms", 5)),
@@ -48,9 +57,9 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
         stages=[
             StageSpec("frontend", "fn", make(stages.frontend_factory, checkpoint_dir=checkpoint_dir, dtype=dtype),
                       ("in",), ("mel",)),
-            StageSpec("encoder", "batch", make(stages.encoder_factory, checkpoint_dir=checkpoint_dir, dtype=dtype),
+            StageSpec("encoder", "batch", make(stages.encoder_factory, checkpoint_dir=checkpoint_dir, dtype=dtype, threads=threads),
                       ("mel",), ("encoded",), options=encoder_options),
-            StageSpec("decoder", "whisper-decode", make(stages.decoder_factory, checkpoint_dir=checkpoint_dir, dtype=dtype),
+            StageSpec("decoder", "whisper-decode", make(stages.decoder_factory, checkpoint_dir=checkpoint_dir, dtype=dtype, threads=threads),
                       ("encoded",), ("text",), options=decoder_options),
         ],
         edges=[Edge("frontend.mel", "encoder.mel"), Edge("encoder.encoded", "decoder.encoded")],
