@@ -80,7 +80,8 @@ class RotaryEmbedding(nn.Module):
         cos = torch.ones(seq_len, width, device=freqs.device)
         sin = torch.zeros(seq_len, width, device=freqs.device)
         rot = 2 * freqs.shape[1]
-        cos[:, :rot] = freqs.cos().repeat_interleave(2, dim=-1)
+        # each angle twice (interleaved pairs); expand, not repeat_interleave: graph-capturable
+        cos[:, :rot] = freqs.cos()[:, :, None].expand(-1, -1, 2).flatten(1)
         sin[:, 0:rot:2], sin[:, 1:rot:2] = -freqs.sin(), freqs.sin()
         return cos, sin
 

@@ -126,6 +126,7 @@ class GraphBuckets:
         """Capture these buckets before the first ``run``."""
         self.deferred.extend(buckets)
 
+    @torch.inference_mode()
     def run(self, inputs: Inputs, batch: int, frames: int) -> torch.Tensor | None:
         """The padded output's first ``batch`` rows (a copy), or None past the largest bucket."""
         if self.deferred:

@@ -100,6 +100,12 @@ class F0Predictor(nn.Module):
         return self.classifier(self.condnet(mel).transpose(1, 2)).squeeze(-1).abs()
 
 
+def _hold(x: torch.Tensor, times: int) -> torch.Tensor:
+    """[B, F, C] -> [B, F * times, C], each frame repeated (an expand: capturable in a CUDA graph)."""
+    b, f, c = x.shape
+    return x[:, :, None].expand(b, f, times, c).reshape(b, f * times, c)
+
+
 class SourceModule(nn.Module):
     """Harmonic sine excitation from F0 merged into one channel (neural source filter)."""
 
@@ -118,8 +124,8 @@ class SourceModule(nn.Module):
         rad = (f0[:, :, None] * harmonics / cfg.sampling_rate) % 1  # cycles per sample, per frame
         # phase advances a frame's worth at a time and is held within the frame (causal NSF)
         phase = torch.cumsum(rad, dim=1) * 2 * torch.pi * up
-        sines = torch.sin(phase).repeat_interleave(up, dim=1) * cfg.nsf_alpha
-        voiced = (f0 > cfg.nsf_voiced_threshold).to(f0.dtype).repeat_interleave(up, dim=1)[:, :, None]
+        sines = _hold(torch.sin(phase), up) * cfg.nsf_alpha
+        voiced = _hold((f0 > cfg.nsf_voiced_threshold).to(f0.dtype)[:, :, None], up)
         n = sines.shape[1]
         idx = torch.arange(n, device=f0.device) % self.noise_table.shape[0]
         noise_amp = voiced * cfg.nsf_sigma + (1 - voiced) * cfg.nsf_alpha / 3

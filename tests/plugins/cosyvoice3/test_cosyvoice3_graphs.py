@@ -109,6 +109,10 @@ def test_graph_bucket_options(tiny_dir):
         parse_buckets("0,64")
 
 
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
 @needs_cuda
 def test_flow_graphs_equal_eager_on_cuda(tiny_dir):
     model = load_flow(tiny_dir).to("cuda", torch.bfloat16)
@@ -116,21 +120,24 @@ def test_flow_graphs_equal_eager_on_cuda(tiny_dir):
     eager = model.infer(requests)
     graphs = model.use_graphs(batches=(1, 4), frames=(64, 128, 256), warm=[(1, 64)])
     assert (1, 64) in graphs.graphs
-    replayed = model.infer(requests)  # batch 3 -> bucket 4, lazily captured
-    assert (4, 256) in graphs.graphs or (4, 128) in graphs.graphs
+    replayed = model.infer(requests)  # batch 3, 142 frames -> bucket 4x256, captured now
+    assert (4, 256) in graphs.graphs
     for a, b in zip(replayed, eager, strict=True):
-        assert a.shape == b.shape
-        assert float((a.float() - b.float()).norm() / b.float().norm()) < 0.02
-    again = model.infer(requests)  # replay again: identical
+        assert a.shape == b.shape and _rel(a, b) < 0.05  # bf16: other kernels for other shapes
+    # the same padded shape eagerly: the graph replays what it captured
+    inputs, frames = model.prepare(requests)
+    padded = model.decoder(**pad_flow_inputs(inputs, 4, 256))
+    for i, n in enumerate(frames):
+        torch.testing.assert_close(graphs.run(inputs, 3, max(frames))[i, :, :n], padded[i, :, :n])
+    again = model.infer(requests)
     for a, b in zip(again, replayed, strict=True):
         assert torch.equal(a, b)
-    single = model.infer(requests[:1])  # batch 1 rides the warm 1x64 or a new 1xT graph
-    assert float((single[0].float() - eager[0].float()).norm() / eager[0].float().norm()) < 0.02
-    model.graphs.frames = (64,)  # too long for every bucket now: the eager path
-    assert model.graphs.run(model.prepare(requests)[0], 3, 200) is None
-    fallback = model.infer(requests)
-    for a, b in zip(fallback, eager, strict=True):
-        assert torch.equal(a, b)
+    single = model.infer(requests[:1])  # 100 frames: bucket 1x128
+    assert (1, 128) in graphs.graphs and _rel(single[0], eager[0]) < 0.05
+    graphs.frames = (64,)  # now too long for every bucket: the eager path
+    assert graphs.run(inputs, 3, max(frames)) is None
+    for a, b in zip(model.infer(requests), eager, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2)
 
 
 @needs_cuda
@@ -138,9 +145,12 @@ def test_hift_graphs_equal_eager_on_cuda(tiny_dir):
     model = load_hift(tiny_dir).to("cuda")
     mels = _mels([23, 60, 9], seed=2)
     eager = model.infer(mels)
-    model.use_graphs(batches=(1, 2, 4), frames=(32, 64), warm=[(1, 32)])
-    replayed = model.infer(mels)
+    graphs = model.use_graphs(batches=(1, 2, 4), frames=(32, 64))
+    graphs.defer([(1, 32)])
+    replayed = model.infer(mels)  # 3 x 60 frames -> bucket 4x64
+    assert set(graphs.graphs) == {(1, 32), (4, 64)}
     for a, b in zip(replayed, eager, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+        # float32 convolutions may use TF32 with other algorithms for other shapes
+        assert a.shape == b.shape and _rel(a, b) < 0.02
     longer = _mels([100], seed=3)  # beyond the largest frame bucket: eager
-    torch.testing.assert_close(model.infer(longer)[0], model(longer[0][None].cuda())[0])
+    torch.testing.assert_close(model.infer(longer)[0], model(longer[0][None].cuda())[0], atol=1e-4, rtol=1e-3)
