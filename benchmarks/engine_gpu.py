@@ -1,12 +1,14 @@
 """Decode step time of the AR engine on one GPU against the memory-bandwidth roofline, eager and
-with CUDA graphs, and tokens/s against transformers' generate on the same GPU.
+with CUDA graphs, for each attention backend side by side (``sdpa``: torch ops, ``triton``: the
+fused kernels), kernels launched per decode step, the decode-attention kernel alone, and tokens/s
+against transformers' generate on the same GPU.
 
 Model: Qwen2-0.5B-shaped (24 layers, hidden 896, 14/2 heads of 64, FFN 4864) with CosyVoice3's
 speech head size (vocab 6761, tied), random bf16 weights, made by transformers and loaded
 through our checkpoint loader. Roofline of one decode step = (weight bytes + KV bytes of the
 batch's context) / measured device-to-device copy bandwidth (bytes read + written per second).
 
-    python benchmarks/engine_gpu.py [--batches 1 8 32 64] [--context 512]
+    python benchmarks/engine_gpu.py [--batches 1 8 32 64] [--context 512] [--attention sdpa triton]
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import time
 
 import torch
 import transformers
+from omni_core.models.attention import AttentionMetadata, SdpaBackend
+from omni_core.models.kernels.paged_attention import paged_decode_attention
 from omni_core.scheduler import AREngine, EngineRequest, SamplingParams
 
 
@@ -80,7 +84,7 @@ def decode_step_ms(engine: AREngine, batch: int, context: int, steps: int, vocab
     return step_ms, replay_ms
 
 
-def tokens_per_second(engine: AREngine, hf, batch: int, context: int, new_tokens: int, vocab: int) -> tuple[float, float]:
+def tokens_per_second(engine: AREngine, hf: transformers.PreTrainedModel | None, batch: int, context: int, new_tokens: int, vocab: int) -> tuple[float, float]:
     gen = torch.Generator().manual_seed(1000 + batch)
     prompts = [torch.randint(0, vocab, (context,), generator=gen).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -90,6 +94,8 @@ def tokens_per_second(engine: AREngine, hf, batch: int, context: int, new_tokens
     torch.cuda.synchronize()
     ours = batch * new_tokens / (time.perf_counter() - t)
     assert all(len(o.token_ids) == new_tokens for o in outs)
+    if hf is None:
+        return ours, float("nan")
     ids = torch.tensor(prompts, device="cuda")
     with torch.inference_mode():
         hf.generate(ids[:, :16], max_new_tokens=4, do_sample=False, pad_token_id=0)  # warm-up
@@ -101,6 +107,69 @@ def tokens_per_second(engine: AREngine, hf, batch: int, context: int, new_tokens
     return ours, theirs
 
 
+def kernels_per_decode_step(engine: AREngine, context: int, vocab: int) -> int:
+    """CUDA kernels one eager decode step launches at batch 1 (the same kernels a graph replays)."""
+    engine.add_request(EngineRequest("count", prompt_token_ids=list(range(1, context + 1)), params=SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)))
+    while engine.scheduler.waiting or engine.scheduler.prefilling:
+        engine.step()
+    engine.step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        engine.step()
+        torch.cuda.synchronize()
+    engine.abort("count")
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(1 for n in names if not n.startswith(("Memcpy", "Memset")))
+
+
+def time_cuda_ms(fn, iters: int = 100) -> float:
+    for _ in range(3):
+        fn()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) / iters
+
+
+def decode_attention_ms(batch: int, context: int, width_tokens: int) -> dict[str, float]:
+    """One layer's decode attention (14 query / 2 KV heads of 64, bf16), each variant replayed in a CUDA graph."""
+    block_size, heads, kv_heads, dim = 16, 14, 2, 64
+    blocks_per_seq = width_tokens // block_size
+    k_cache = torch.randn(batch * blocks_per_seq * block_size, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(batch * blocks_per_seq, device="cuda").view(batch, blocks_per_seq)
+    lens = torch.full((batch,), context, device="cuda")
+    q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
+    meta = AttentionMetadata(torch.zeros(batch, dtype=torch.int64, device="cuda"), tables, lens, torch.ones_like(lens), 1, block_size)
+    sdpa = SdpaBackend()
+    sdpa.prepare(meta)  # slot indices and mask: built once per step, shared by the layers
+    variants = {
+        "sdpa": lambda: sdpa.attend(q, None, None, k_cache, v_cache, meta, dim**-0.5),
+        "one": lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, block_size, dim**-0.5, 1),
+        "auto": lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, block_size, dim**-0.5),
+    }
+    ms = {}
+    for name, fn in variants.items():
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        ms[name] = time_cuda_ms(graph.replay)
+    return ms
+
+
+def decode_attention_kernel_table(batches: list[int], context: int, width_tokens: int = 1024) -> None:
+    print(f"decode attention alone, one layer, context {context} in a {width_tokens}-token block table:")
+    print("| batch | sdpa (gather + masked SDPA) ms | triton 1 split ms | triton auto splits ms | sdpa / triton auto |")
+    print("| --- | --- | --- | --- | --- |")
+    for b in batches:
+        ms = decode_attention_ms(b, context, width_tokens)
+        print(f"| {b} | {ms['sdpa']:.4f} | {ms['one']:.4f} | {ms['auto']:.4f} | {ms['sdpa'] / ms['auto']:.1f}x |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -109,40 +178,65 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=6761)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--throughput-batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--attention", nargs="+", default=["sdpa", "triton"], choices=["sdpa", "triton"])
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s (read + write)")
+    if "triton" in args.attention:
+        print()
+        try:
+            decode_attention_kernel_table(args.batches, args.context)
+        except Exception as exc:  # report and go on: the engine tables still compare what builds
+            print(f"decode attention table failed: {exc!r}")
+    sizes = tuple(sorted(set(args.batches + args.throughput_batches)))
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_checkpoint(tmp, args.vocab)
         engines = {}
-        for mode in ("eager", "graphs"):
-            t = time.perf_counter()
-            engines[mode] = AREngine.from_pretrained(
-                tmp, device="cuda", dtype=torch.bfloat16, max_num_seqs=max(args.batches + args.throughput_batches),
-                max_model_len=2048, kv_cache_bytes=8 << 30, cuda_graphs=(mode == "graphs"), cuda_graph_kv_lens=(1024,),
-            )
-            print(f"{mode} engine ready in {time.perf_counter() - t:.1f} s ({len(engines[mode].runner.graphs)} graphs)")
-        model = engines["eager"].model
+        for backend in list(args.attention):
+            for mode in ("eager", "graphs"):
+                t = time.perf_counter()
+                try:
+                    engines[backend, mode] = engine = AREngine.from_pretrained(
+                        tmp, device="cuda", dtype=torch.bfloat16, max_num_seqs=max(sizes), max_model_len=2048, kv_cache_bytes=8 << 30,
+                        cuda_graphs=(mode == "graphs"), cuda_graph_sizes=sizes, cuda_graph_kv_lens=(1024,), attention_backend=backend,
+                    )
+                except Exception as exc:  # report and measure the other backend
+                    print(f"{backend} {mode} engine failed: {exc!r}")
+                    args.attention.remove(backend)
+                    break
+                print(f"{backend} {mode} engine ready in {time.perf_counter() - t:.1f} s ({len(engine.runner.graphs)} graphs)")
+        model = engines[args.attention[0], "eager"].model
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         spec = model.kv_cache_spec
         kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2
         print(f"weights {weight_bytes / 1e6:.0f} MB; KV {kv_per_token} B/token")
+        for backend in args.attention:
+            try:
+                count = kernels_per_decode_step(engines[backend, "eager"], args.context, args.vocab)
+                print(f"{backend}: {count} kernels per decode step ({count / spec.num_layers:.1f} per layer, head and sampling included)")
+            except Exception as exc:  # the profiler is optional here
+                print(f"{backend}: kernel count unavailable ({exc})")
         print()
-        print("| batch | roofline ms | eager step ms | graph step ms | graph replay ms (model only) | graph step % of roofline |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("| batch | attention | roofline ms | eager step ms | graph step ms | graph replay ms (model only) | graph step % of roofline |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         for b in args.batches:
             roof = (weight_bytes + b * (args.context + 30) * kv_per_token) / bandwidth * 1e3
-            eager, _ = decode_step_ms(engines["eager"], b, args.context, args.steps, args.vocab)
-            graph, replay = decode_step_ms(engines["graphs"], b, args.context, args.steps, args.vocab)
-            replay_s = f"{replay:.3f}" if replay is not None else "-"
-            print(f"| {b} | {roof:.3f} | {eager:.3f} | {graph:.3f} | {replay_s} | {100 * roof / graph:.0f}% |", flush=True)
+            for backend in args.attention:
+                eager, _ = decode_step_ms(engines[backend, "eager"], b, args.context, args.steps, args.vocab)
+                graph, replay = decode_step_ms(engines[backend, "graphs"], b, args.context, args.steps, args.vocab)
+                replay_s = f"{replay:.3f}" if replay is not None else "-"
+                print(f"| {b} | {backend} | {roof:.3f} | {eager:.3f} | {graph:.3f} | {replay_s} | {100 * roof / graph:.0f}% |", flush=True)
         print()
-        print("| batch | prompt | new tokens | ours (graphs) tok/s | transformers generate tok/s | ratio |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        names = " | ".join(f"{backend} (graphs) tok/s" for backend in args.attention)
+        print(f"| batch | prompt | new tokens | {names} | transformers generate tok/s | {args.attention[-1]} / transformers |")
+        print("| --- " * (5 + len(args.attention)) + "|")
         for b in args.throughput_batches:
-            ours, theirs = tokens_per_second(engines["graphs"], hf, b, args.context, args.new_tokens, args.vocab)
-            print(f"| {b} | {args.context} | {args.new_tokens} | {ours:.0f} | {theirs:.0f} | {ours / theirs:.1f}x |", flush=True)
+            ours = {}
+            for backend in args.attention:
+                ours[backend], theirs = tokens_per_second(engines[backend, "graphs"], hf if backend == args.attention[-1] else None, b, args.context, args.new_tokens, args.vocab)
+            cells = " | ".join(f"{ours[backend]:.0f}" for backend in args.attention)
+            print(f"| {b} | {args.context} | {args.new_tokens} | {cells} | {theirs:.0f} | {ours[args.attention[-1]] / theirs:.1f}x |", flush=True)
 
 
 if __name__ == "__main__":
