@@ -5,15 +5,22 @@ lengths drawn uniformly from [16, 512] and output lengths from [16, 256] (fixed 
 submitted together. Our engine runs them with continuous batching (each stops at its own
 length); transformers runs one left-padded batch with max_new_tokens = the longest output
 (useful tokens only are counted for both). The two alternate ``--repeats`` times and the median
-of each is reported, so load changes on a shared machine hit both alike. Prints a markdown table
-of output tokens/s and ratios.
+of each is reported, so load changes on a shared machine hit both alike. Our prefix cache is
+cleared before each run, so a repeat recomputes its prompts as the first run did. Prints a
+markdown table of output tokens/s and ratios.
 
-    python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 1] [--repeats 3]
+``--profile N`` instead runs our engine once at concurrency N under cProfile and prints where
+the time goes, by part of a step (model matmuls, attention, other model ops, batch preparation,
+sampling, scheduling).
+
+    python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 1] [--repeats 3] [--profile 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import random
 import statistics
 import tempfile
@@ -44,6 +51,7 @@ def workload(n: int, seed: int, vocab: int):
 
 def run_ours(engine: AREngine, prompts, outputs) -> float:
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in outputs]
+    engine.reset_prefix_cache()  # every run computes its prompts
     start = time.perf_counter()
     outs = engine.generate(prompts, params)
     elapsed = time.perf_counter() - start
@@ -64,6 +72,38 @@ def run_transformers(model, prompts, outputs) -> float:
     return time.perf_counter() - start
 
 
+# (part of a step, substrings of profiled function names), first match wins
+PARTS = [
+    ("model matmuls (linear, logits)", ("_nn.linear",)),
+    ("attention", ("attention.py", "grouped_decode.py", "paged_backend.py", "scaled_dot_product", "index_select", "index_copy")),
+    ("other model ops (norms, rotary, activation, embedding)", ("omni_core/models/", "torch/nn/", "rms_norm", "silu", "embedding", "method 'chunk'", "built-in method torch.cat")),
+    ("batch preparation (model_runner)", ("model_runner.py",)),
+    ("sampling", ("sampler.py", "argmax")),
+    ("scheduling, blocks, outputs", ("ar_scheduler.py", "block_manager.py", "sequence.py", "engine.py")),
+]
+
+
+def profile(engine: AREngine, n: int, vocab: int, seed: int) -> None:
+    prompts, outputs = workload(n, seed + n, vocab)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    elapsed = run_ours(engine, prompts, outputs)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    totals = dict.fromkeys([name for name, _ in PARTS] + ["other (torch tensor ops, Python)"], 0.0)
+    for (path, line, func), (_, _, tottime, _, _) in stats.items():
+        where = f"{path}:{line}({func})"
+        part = next((name for name, keys in PARTS if any(k in where for k in keys)), "other (torch tensor ops, Python)")
+        totals[part] += tottime
+    steps = stats.get(next(k for k in stats if k[0].endswith("engine.py") and k[2] == "step"))[1]
+    whole = sum(totals.values())
+    print(f"concurrency {n}: {sum(outputs)} tokens in {steps} steps, {elapsed:.2f} s under cProfile ({sum(outputs) / elapsed:.0f} tok/s)")
+    print("| part of a step | ms per step | share |")
+    print("| --- | --- | --- |")
+    for name, t in totals.items():
+        print(f"| {name} | {t / steps * 1e3:.2f} | {t / whole:.0%} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
@@ -75,6 +115,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", type=int, metavar="N", help="profile our engine at concurrency N instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads}/{args.kv_heads} heads, vocab {args.vocab}, float32; torch threads {args.threads}")
@@ -83,6 +124,9 @@ def main() -> None:
         engine = AREngine.from_pretrained(tmp, max_num_seqs=64, max_num_batched_tokens=4096, kv_cache_bytes=1 << 30)
         warm_prompts, warm_outputs = workload(2, 99, args.vocab)
         run_ours(engine, warm_prompts, [4, 4])
+        if args.profile:
+            profile(engine, args.profile, args.vocab, args.seed)
+            return
         run_transformers(hf, warm_prompts, [4, 4])
         print("| concurrent requests | output tokens | ours tok/s | transformers tok/s | ratio |")
         print("| --- | --- | --- | --- | --- |")

@@ -123,6 +123,19 @@ class BlockManager:
         if len(seq.block_table) < seq.num_blocks_for(len(seq), self.block_size):
             seq.block_table.append(self._fresh().block_id)
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the hashes of every free block (blocks in use keep theirs); returns how many
+        were forgotten. For benchmarks and weight reloads: later prompts are computed anew."""
+        dropped = 0
+        for block_id in self.free_ids:
+            block = self.blocks[block_id]
+            if block.hash is not None:
+                if self.hash_to_block.get(block.hash) == block_id:
+                    del self.hash_to_block[block.hash]
+                block.hash, block.token_ids = None, ()
+                dropped += 1
+        return dropped
+
     def register_computed(self, seq: Sequence) -> None:
         """Publish the hashes of ``seq``'s newly completed full blocks to the prefix cache."""
         if not (self.enable_prefix_caching and seq.cacheable):

@@ -149,6 +149,10 @@ class AREngine:
         self._on_finish(seq)
         return True
 
+    def reset_prefix_cache(self) -> int:
+        """Drop the prefix cache's free blocks (running requests keep theirs); returns how many."""
+        return self.block_manager.reset_prefix_cache()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 

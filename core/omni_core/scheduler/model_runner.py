@@ -16,7 +16,7 @@ import torch
 from omni_core.models.attention import AttentionMetadata, ForwardContext
 from omni_core.models.paged_backend import resolve_attention_backend
 from omni_core.scheduler.hooks import StepBatch
-from omni_core.scheduler.sampler import Sampler, build_sampling_tensors
+from omni_core.scheduler.sampler import Sampler, SamplingTensors, build_sampling_tensors
 from omni_core.scheduler.sequence import Sequence
 
 
@@ -30,6 +30,7 @@ class ModelRunner:
         self.hooks = hooks
         self.backend = resolve_attention_backend(backend, device)  # triton on CUDA when it imports, else sdpa
         self.sampler = Sampler()
+        self.last_sampling: tuple[tuple[int, ...], SamplingTensors] | None = None  # (seq ids, their tensors)
         spec = model.kv_cache_spec
         slots = (num_blocks + 1) * block_size
         self.kv_cache = torch.zeros(2, spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device)
@@ -56,30 +57,44 @@ class ModelRunner:
         return torch.tensor(rows, dtype=torch.int64)
 
     def _prepare(self, seqs: list[Sequence], is_prefill: bool):
-        ids: list[int] = []
-        positions: list[int] = []
-        seq_index: list[int] = []
-        query_lens: list[int] = []
-        context_lens: list[int] = []
-        for b, seq in enumerate(seqs):
-            start, n = seq.num_computed_tokens, seq.num_scheduled_tokens
-            ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            seq_index.extend([b] * n)
-            query_lens.append(n)
-            context_lens.append(start + n)
-        dev = self.device
+        bs, dev = self.block_size, self.device
+        query_lens = [s.num_scheduled_tokens for s in seqs]
+        context_lens = [s.num_computed_tokens + n for s, n in zip(seqs, query_lens, strict=True)]
         block_tables = self._block_tables(seqs)
-        pos_t = torch.tensor(positions, dtype=torch.int64)
-        seq_t = torch.tensor(seq_index, dtype=torch.int64)
-        bs = self.block_size
-        slots = block_tables[seq_t, pos_t // bs] * bs + pos_t % bs
         max_q = max(query_lens)
+        if max_q == 1:
+            # one token per sequence (decode): every per-token list is per sequence, slots come
+            # straight from the block tables, and all of it goes over in one tensor
+            positions = [c - 1 for c in context_lens]
+            rows = torch.tensor(
+                [
+                    [s.token_ids[p] for s, p in zip(seqs, positions, strict=True)],
+                    positions,
+                    [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions, strict=True)],
+                    context_lens,
+                    query_lens,
+                ],
+                dtype=torch.int64,
+            ).to(dev, non_blocking=True)
+            ids_t, pos_t, slots, ctx_t, qlen_t = rows.unbind(0)
+        else:
+            ids: list[int] = []
+            seq_index: list[int] = []
+            for b, (seq, n, c) in enumerate(zip(seqs, query_lens, context_lens, strict=True)):
+                ids.extend(seq.token_ids[c - n : c])
+                seq_index.extend([b] * n)
+            pos_t = torch.cat([torch.arange(c - n, c, dtype=torch.int64) for n, c in zip(query_lens, context_lens, strict=True)])
+            seq_t = torch.tensor(seq_index, dtype=torch.int64)
+            slots = block_tables[seq_t, pos_t // bs] * bs + pos_t % bs
+            ids_t = torch.tensor(ids, dtype=torch.int64)
+            ctx_t = torch.tensor(context_lens, dtype=torch.int64)
+            qlen_t = torch.tensor(query_lens, dtype=torch.int64)
+            ids_t, pos_t, slots, ctx_t, qlen_t = (t.to(dev, non_blocking=True) for t in (ids_t, pos_t, slots, ctx_t, qlen_t))
         meta = AttentionMetadata(
-            slot_mapping=slots.to(dev, non_blocking=True),
+            slot_mapping=slots,
             block_tables=block_tables.to(dev, non_blocking=True),
-            context_lens=torch.tensor(context_lens, dtype=torch.int64, device=dev),
-            query_lens=torch.tensor(query_lens, dtype=torch.int64, device=dev),
+            context_lens=ctx_t,
+            query_lens=qlen_t,
             max_query_len=max_q,
             block_size=bs,
         )
@@ -91,11 +106,10 @@ class ModelRunner:
             q_pos = torch.arange(max_q)
             packed = starts[:, None] + torch.minimum(q_pos[None, :], torch.tensor(query_lens)[:, None] - 1)
             meta.packed_index = packed.reshape(-1).to(dev)
-        ids_t = torch.tensor(ids, dtype=torch.int64, device=dev)
         embeds = self.model.embed(ids_t)
         if is_prefill:
             self._insert_prompt_embeds(seqs, embeds)
-        return ids_t, pos_t.to(dev), embeds, meta, query_lens
+        return ids_t, pos_t, embeds, meta, query_lens
 
     def _insert_prompt_embeds(self, seqs: list[Sequence], embeds: torch.Tensor) -> None:
         offset = 0
@@ -143,7 +157,7 @@ class ModelRunner:
             if "sample" in self.hooks:
                 token_ids = self.hooks["sample"](batch, logits)
             if token_ids is None:
-                token_ids = self.sampler(logits, build_sampling_tensors(sampled_seqs, logits.shape[-1], logits.device))
+                token_ids = self.sampler(logits, self._sampling_tensors(sampled_seqs, logits))
             post = self.hooks.get("post_prefill" if is_prefill else "post_decode")
             if post is not None:
                 replaced = post(batch, hidden_last, logits, token_ids)
@@ -151,6 +165,14 @@ class ModelRunner:
                     token_ids = replaced
             tokens = token_ids.tolist()  # the step's one host sync
         return sample_index, tokens, self._per_sequence_outputs(seqs, batch, captured, query_lens, sample_index)
+
+    def _sampling_tensors(self, seqs: list[Sequence], logits: torch.Tensor) -> SamplingTensors:
+        # consecutive decode steps of the same batch keep their parameter tensors
+        key = tuple(s.seq_id for s in seqs)
+        reuse = self.last_sampling[1] if self.last_sampling is not None and self.last_sampling[0] == key else None
+        tensors = build_sampling_tensors(seqs, logits.shape[-1], logits.device, reuse)
+        self.last_sampling = (key, tensors)
+        return tensors
 
     def _step_batch(self, seqs, is_prefill, ids, embeds, positions, query_lens, sample_index) -> StepBatch:
         wants_tokens = "sample" in self.hooks or "post_prefill" in self.hooks or "post_decode" in self.hooks

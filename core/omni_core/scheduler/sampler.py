@@ -9,7 +9,7 @@ per-sequence generator calls on the hot path. A token is drawn by the exponentia
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -18,14 +18,15 @@ _MASK32 = 0xFFFFFFFF
 
 @dataclass
 class SamplingTensors:
-    """Per-sequence parameters of one step, as device tensors ([B] each)."""
+    """Per-sequence parameters of one step, as device tensors ([B] each). An all-greedy batch
+    needs none of them (argmax only), so they are left out then."""
 
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    min_p: torch.Tensor
-    seeds: torch.Tensor
-    steps: torch.Tensor
+    temperature: torch.Tensor | None
+    top_k: torch.Tensor | None
+    top_p: torch.Tensor | None
+    min_p: torch.Tensor | None
+    seeds: torch.Tensor | None
+    steps: torch.Tensor | None
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
@@ -49,6 +50,8 @@ def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch
 class Sampler:
     def __call__(self, logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         """logits [B, V] -> token ids [B] (int64)."""
+        if t.all_greedy and t.penalty is None and t.banned is None:
+            return logits.argmax(dim=-1)  # exact in any float dtype: no float32 copy needed
         logits = logits.float()
         if t.penalty is not None:
             # CTRL-style: shrink seen tokens' logits (divide positives, multiply negatives)
@@ -92,23 +95,34 @@ def _apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
 
-def build_sampling_tensors(seqs, vocab: int, device) -> SamplingTensors:
-    """Gather the batch's parameters (one small host-to-device copy per field)."""
+def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | None = None) -> SamplingTensors:
+    """Gather the batch's parameters. ``reuse``: the tensors of an earlier step of the same
+    sequences in the same order, whose per-sequence parameters are taken over (only the step
+    counters and the token-dependent masks are rebuilt)."""
     params = [s.params for s in seqs]
+    if reuse is not None:
+        t = replace(reuse, penalty=None, seen_tokens=None, banned=None)
+        if not t.all_greedy:
+            t.steps = torch.tensor([len(s) for s in seqs], dtype=torch.int64, device=device)
+    elif all(p.temperature == 0 for p in params):
+        t = SamplingTensors(None, None, None, None, None, None, all_greedy=True, any_top_k=False, any_top_p=False, any_min_p=False)
+    else:
+        # one host-to-device copy for the float parameters and one for the integer ones
+        floats = torch.tensor([[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]], dtype=torch.float32).to(device)
+        ints = torch.tensor([[p.top_k for p in params], [s.seed for s in seqs], [len(s) for s in seqs]], dtype=torch.int64).to(device)
+        t = SamplingTensors(
+            temperature=floats[0],
+            top_k=ints[0],
+            top_p=floats[1],
+            min_p=floats[2],
+            seeds=ints[1],
+            steps=ints[2],
+            all_greedy=False,
+            any_top_k=any(p.top_k > 0 for p in params),
+            any_top_p=any(p.top_p < 1 for p in params),
+            any_min_p=any(p.min_p > 0 for p in params),
+        )
     f32 = dict(dtype=torch.float32, device=device)
-    i64 = dict(dtype=torch.int64, device=device)
-    t = SamplingTensors(
-        temperature=torch.tensor([p.temperature for p in params], **f32),
-        top_k=torch.tensor([p.top_k for p in params], **i64),
-        top_p=torch.tensor([p.top_p for p in params], **f32),
-        min_p=torch.tensor([p.min_p for p in params], **f32),
-        seeds=torch.tensor([s.seed for s in seqs], **i64),
-        steps=torch.tensor([len(s) for s in seqs], **i64),
-        all_greedy=all(p.temperature == 0 for p in params),
-        any_top_k=any(p.top_k > 0 for p in params),
-        any_top_p=any(p.top_p < 1 for p in params),
-        any_min_p=any(p.min_p > 0 for p in params),
-    )
     if any(p.repetition_penalty != 1.0 for p in params):
         t.penalty = torch.tensor([p.repetition_penalty for p in params], **f32)
         seen = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
