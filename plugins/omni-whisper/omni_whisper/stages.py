@@ -100,11 +100,8 @@ class Encoder:
         _, self.model, _ = load_model(checkpoint_dir, dtype)
         self.dtype = self.model.encoder.conv1.weight.dtype
         self.lock = turn_lock(threads)
-        workers, intra_op = encoder_workers(threads), compute_threads(threads)
-        self.chunk = 1 if workers > 1 else ENCODER_CHUNK
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="omni-whisper-encoder",
-                                       initializer=ThreadSetter(intra_op)) if workers > 1 else None
-        self.set_threads = ThreadSetter(intra_op)
+        self.workers, self.set_threads = encoder_workers(threads), ThreadSetter(compute_threads(threads))
+        self.chunk = 1 if self.workers > 1 else ENCODER_CHUNK
 
     def _encode(self, chunk: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(), self.lock:
@@ -113,8 +110,11 @@ class Encoder:
     def process(self, messages, emit) -> None:
         mels = torch.cat([m.payload["mel"] for m in messages]).to(self.dtype)
         chunks = mels.split(self.chunk)
-        if self.pool is not None:
-            encoded = torch.cat(list(self.pool.map(self._encode, chunks)))
+        if self.workers > 1 and len(chunks) > 1:
+            # a pool per batch (thread start-up is negligible next to a window) leaves no threads behind
+            workers = min(self.workers, len(chunks))
+            with ThreadPoolExecutor(workers, "omni-whisper-encoder", initializer=self.set_threads) as pool:
+                encoded = torch.cat(list(pool.map(self._encode, chunks)))
         else:
             self.set_threads()
             encoded = torch.cat([self._encode(chunk) for chunk in chunks])
