@@ -115,7 +115,9 @@ class GraphBuckets:
             torch.cuda.synchronize(self.device)
         self.graphs[key] = (graph, static, out)
         self.capture_seconds += time.perf_counter() - start
-        log.info("%s: captured a CUDA graph for %dx%d in %.2f s", self.name, *key, time.perf_counter() - start)
+        log.info(
+            "%s: captured a CUDA graph for %dx%d in %.2f s", self.name, *key, time.perf_counter() - start
+        )
 
     def warm(self, buckets: Iterable[tuple[int, int]]) -> None:
         """Capture these buckets now."""

@@ -118,7 +118,10 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     for name in (dtype, llm_dtype, hift_dtype):
         _dtype(name)
     max_batch = int(options.get("max_batch", 32))
-    flow_graphs, hift_graphs = _graph_plan(options, "flow", max_batch), _graph_plan(options, "hift", max_batch)
+    flow_graphs, hift_graphs = (
+        _graph_plan(options, "flow", max_batch),
+        _graph_plan(options, "hift", max_batch),
+    )
     # a short window: a flow or HiFT call queues what arrives meanwhile for the next batch anyway
     batch_options = {"max_batch": max_batch, "batch_window_ms": float(options.get("batch_window_ms", 1))}
     kv = options.get("kv_cache_bytes")
