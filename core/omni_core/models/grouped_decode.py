@@ -26,8 +26,9 @@ class DecodeGroup:
     rows: torch.Tensor  # [n] batch rows of the group's sequences
     blocks: torch.Tensor  # [n * width] block ids, row after row
     size: int  # n
-    length: int  # width * block_size: the padded context of the group
-    mask: torch.Tensor | None  # [n, 1, 1, length] True where a position is in the context; None if all are
+    length: int  # width * block_size: the gathered positions per sequence
+    longest: int  # the longest context of the group: later positions are never read
+    mask: torch.Tensor | None  # [n, 1, 1, longest] True where a position is in the context; None if all are
 
 
 @dataclass
@@ -52,10 +53,10 @@ def plan_decode_groups(block_tables: torch.Tensor, context_lens: list[int], bloc
         rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
         blocks = block_tables.index_select(0, rows_t)[:, :width].reshape(-1)
         mask = None
-        if min(lens) != length:
+        if min(lens) != max(lens):
             lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
-            mask = (torch.arange(length, device=device)[None, :] < lens_t[:, None])[:, None, None, :]
-        groups.append(DecodeGroup(rows_t, blocks, len(rows), length, mask))
+            mask = (torch.arange(max(lens), device=device)[None, :] < lens_t[:, None])[:, None, None, :]
+        groups.append(DecodeGroup(rows_t, blocks, len(rows), length, max(lens), mask))
     inverse = torch.empty(len(order), dtype=torch.int64, device=device)
     inverse[torch.tensor(order, dtype=torch.int64, device=device)] = torch.arange(len(order), device=device)
     return DecodePlan(groups, inverse, block_size, max(g.blocks.numel() for g in groups))
@@ -77,8 +78,8 @@ def grouped_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         n_el = g.size * g.length * kv_heads * dim
         keys = torch.index_select(k_blocks, 0, g.blocks, out=k_buffer[:n_el].view(shape))
         values = torch.index_select(v_blocks, 0, g.blocks, out=v_buffer[:n_el].view(shape))
-        keys = keys.view(g.size, g.length, kv_heads, dim).transpose(1, 2)
-        values = values.view(g.size, g.length, kv_heads, dim).transpose(1, 2)
+        keys = keys.view(g.size, g.length, kv_heads, dim)[:, : g.longest].transpose(1, 2)
+        values = values.view(g.size, g.length, kv_heads, dim)[:, : g.longest].transpose(1, 2)
         # grouped-query heads become query rows of their KV head: no repeated K/V
         queries = q.index_select(0, g.rows).view(g.size, kv_heads, heads // kv_heads, dim).to(keys.dtype)
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=g.mask, scale=scale)

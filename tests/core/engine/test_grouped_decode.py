@@ -64,9 +64,11 @@ def test_plan_groups_by_length_and_masks_only_padding():
     plan = plan_decode_groups(tables, lens, BLOCK, group_size=2)
     assert [g.rows.tolist() for g in plan.groups] == [[1, 3], [0, 4], [2]]
     assert [g.length for g in plan.groups] == [4, 16, 32]
+    assert [g.longest for g in plan.groups] == [3, 16, 30]
     assert plan.groups[0].blocks.tolist() == [8, 24]
     first = plan.groups[0].mask[:, 0, 0]
-    assert first.tolist() == [[True, True, False, False], [True, True, True, False]]
+    assert first.tolist() == [[True, True, False], [True, True, True]]
+    assert plan.groups[2].mask is None  # one sequence: its keys are cut to its length, no mask
     assert torch.equal(torch.tensor(lens).index_select(0, torch.cat([g.rows for g in plan.groups]))[plan.order], torch.tensor(lens))
 
 
