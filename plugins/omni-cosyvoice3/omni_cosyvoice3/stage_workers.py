@@ -175,15 +175,18 @@ class FlowWorker:
             ]
             for (rid, *_), mel in zip(runnable, self.model.infer(requests), strict=True):
                 mels[rid] = mel
-        ratio = self.model.cfg.token_mel_ratio
+        ratio, bins = self.model.cfg.token_mel_ratio, self.model.cfg.mel_bins
+        # only the new frames leave the device, all requests' in one copy
+        pieces = [
+            mels[rid][:, s.offset * ratio : end * ratio].float().reshape(-1)
+            for rid, s, end, _ in jobs
+            if rid in mels
+        ]
+        host = iter(torch.cat(pieces).cpu().split([p.numel() for p in pieces]) if pieces else ())
         for rid, stream, end, final in jobs:
-            mel = mels.get(rid)
-            delta = (
-                torch.zeros(self.model.cfg.mel_bins, 0)
-                if mel is None
-                else mel[:, stream.offset * ratio : end * ratio]
-            )
-            payload = {"mel": delta.float().cpu(), "speed": self.extra[rid]["speed"]}
+            delta = next(host) if rid in mels else torch.zeros(0)
+            delta = delta.view(bins, delta.numel() // bins)
+            payload = {"mel": delta, "speed": self.extra[rid]["speed"]}
             if final:
                 payload["usage"] = {
                     "input_tokens": self.extra[rid]["input_tokens"],
