@@ -55,10 +55,11 @@ def tiny_qwen2():
 
 @pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
 def test_kernels_under_the_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     env.pop(BACKEND_ENV, None)
+    # --noconftest: the directory's conftest imports transformers for other tests' checkpoints
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/core/models/test_triton_kernels.py", "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", "tests/core/models/test_triton_kernels.py", "-q", "-p", "no:cacheprovider", "--noconftest"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]

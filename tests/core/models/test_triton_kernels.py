@@ -6,12 +6,12 @@ that in a subprocess, see test_backend_selection.py) and on CUDA in bfloat16; el
 
 import os
 from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers
-from omni_core.models import TritonPagedBackend, build_causal_lm, kernels, random_init
+from omni_core.models import Qwen2ForCausalLM, Qwen3ForCausalLM, TritonPagedBackend, kernels, random_init
 from omni_core.models.attention import store_kv
 from omni_core.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 from omni_core.scheduler import AREngine, ARHooks, EngineConfig, SamplingParams
@@ -152,11 +152,15 @@ def assert_same_greedy_run(ref, ref_hooks, out, hooks, atol):
 
 
 def tiny_model(arch: str):
-    """2 layers, 4 query / 2 KV heads; weights larger than the preset's give peaked logits."""
-    config_class, extra = {"Qwen2": (transformers.Qwen2Config, {}), "Qwen3": (transformers.Qwen3Config, {"head_dim": 16})}[arch]
-    config = config_class(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **extra)
-    config.architectures = [f"{arch}ForCausalLM"]
-    return random_init(build_causal_lm(config), seed=0, std=0.08).to(DEVICE, DTYPE)
+    """2 layers, 4 query / 2 KV heads; weights larger than the preset's give peaked logits. The
+    config carries just the fields the backbones read (no transformers import: the interpreter
+    run starts in a fresh process and this keeps it short)."""
+    config = SimpleNamespace(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+    )
+    model_class = {"Qwen2": Qwen2ForCausalLM, "Qwen3": Qwen3ForCausalLM}[arch]
+    return random_init(model_class(config), seed=0, std=0.08).to(DEVICE, DTYPE).eval()
 
 
 @pytest.mark.parametrize("arch", ["Qwen2", "Qwen3"])
