@@ -23,7 +23,8 @@ from .presets import describe
 from .stage_workers import FlowWorker, FrontendWorker, HiftWorker
 
 log = logging.getLogger(__name__)
-DEFAULT_GRAPH_FRAMES = "64,128,256,512,1024"
+# fine steps past 256 frames: at large batches the DiT is compute-bound, so padding costs
+DEFAULT_GRAPH_FRAMES = "64,128,192,256,384,512,640,768,1024,1280,1536,2048"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -104,7 +105,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20),
     and on CUDA the flow's and HiFT's graphs: ``flow_graphs`` / ``hift_graphs`` (buckets captured at
     the first batch: batch1 (default) | all | none | BxT,...; off: run eagerly), ``flow_graph_frames`` /
-    ``hift_graph_frames`` (frame buckets, default 64,128,256,512,1024)."""
+    ``hift_graph_frames`` (frame buckets, default 64,128,192,256,384,512,640,768,1024,1280,1536,2048)."""
     check_layout(checkpoint_dir)
     if describe(checkpoint_dir)["preset"]:
         log.warning(
