@@ -7,13 +7,16 @@ length); transformers runs one left-padded batch with max_new_tokens = the longe
 (useful tokens only are counted for both). The two alternate ``--repeats`` times and the median
 of each is reported, so load changes on a shared machine hit both alike. Our prefix cache is
 cleared before each run, so a repeat recomputes its prompts as the first run did. Prints a
-markdown table of output tokens/s and ratios.
+markdown table of output tokens/s and ratios: of wall time, and of the process's CPU seconds
+(which time spent waiting for a core on a busy machine does not inflate).
 
 ``--profile N`` instead runs our engine once at concurrency N under cProfile and prints where
 the time goes, by part of a step (model matmuls, attention, other model ops, batch preparation,
-sampling, scheduling).
+sampling, scheduling). ``--attention`` times ``SdpaBackend``'s three decode paths alone (per
+sequence, grouped by context length, one padded batch) on a paged cache of the model's shape:
+one decode step (plan + all layers) for N sequences with contexts drawn from [16, 768].
 
-    python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 1] [--repeats 3] [--profile 32]
+    python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 1] [--repeats 3] [--profile 32] [--attention]
 """
 
 from __future__ import annotations
@@ -49,27 +52,28 @@ def workload(n: int, seed: int, vocab: int):
     return prompts, outputs
 
 
-def run_ours(engine: AREngine, prompts, outputs) -> float:
+def run_ours(engine: AREngine, prompts, outputs) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process)"""
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in outputs]
     engine.reset_prefix_cache()  # every run computes its prompts
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     outs = engine.generate(prompts, params)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert [len(o.token_ids) for o in outs] == outputs
-    return elapsed
+    return elapsed, cpu
 
 
 @torch.inference_mode()
-def run_transformers(model, prompts, outputs) -> float:
+def run_transformers(model, prompts, outputs) -> tuple[float, float]:
     longest = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), longest, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):  # left padding, as batched generation needs
         ids[i, longest - len(p) :] = torch.tensor(p)
         mask[i, longest - len(p) :] = 1
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(outputs), min_new_tokens=max(outputs), do_sample=False, pad_token_id=0)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 # (part of a step, substrings of profiled function names), first match wins
@@ -87,7 +91,7 @@ def profile(engine: AREngine, n: int, vocab: int, seed: int) -> None:
     prompts, outputs = workload(n, seed + n, vocab)
     profiler = cProfile.Profile()
     profiler.enable()
-    elapsed = run_ours(engine, prompts, outputs)
+    elapsed, _ = run_ours(engine, prompts, outputs)
     profiler.disable()
     stats = pstats.Stats(profiler).stats
     totals = dict.fromkeys([name for name, _ in PARTS] + ["other (torch tensor ops, Python)"], 0.0)
@@ -104,6 +108,44 @@ def profile(engine: AREngine, n: int, vocab: int, seed: int) -> None:
         print(f"| {name} | {t / steps * 1e3:.2f} | {t / whole:.0%} |")
 
 
+@torch.inference_mode()
+def time_decode_attention(args, sizes, block_size: int = 16, trials: int = 10) -> None:
+    from omni_core.models import SdpaBackend
+    from omni_core.models.attention import AttentionMetadata
+
+    head_dim = args.hidden // args.heads
+    paths = {"per sequence": SdpaBackend(per_sequence=True), "grouped": SdpaBackend(), "padded batch": SdpaBackend(per_sequence=False)}
+    print(f"decode attention alone, {args.layers} layers, best of {trials} (ms per step)")
+    print("| sequences | " + " | ".join(paths) + " |")
+    print("| --- |" + " --- |" * len(paths))
+    for n in sizes:
+        rng = random.Random(n)
+        lens = [rng.randint(16, 768) for _ in range(n)]
+        widths = [-(-c // block_size) for c in lens]
+        ids = torch.randperm(sum(widths), generator=torch.Generator().manual_seed(n)).tolist()
+        tables, at = [], 0
+        for w in widths:
+            tables.append(ids[at : at + w] + [0] * (max(widths) - w))
+            at += w
+        tables_t = torch.tensor(tables)
+        k_cache = torch.randn(sum(widths) * block_size, args.kv_heads, head_dim)
+        v_cache = torch.randn_like(k_cache)
+        ctx = torch.tensor(lens)
+        slots = tables_t[torch.arange(n), (ctx - 1) // block_size] * block_size + (ctx - 1) % block_size
+        q, k, v = torch.randn(n, args.heads, head_dim), torch.randn(n, args.kv_heads, head_dim), torch.randn(n, args.kv_heads, head_dim)
+        best = {}
+        for _ in range(trials):
+            for name, backend in paths.items():
+                start = time.perf_counter()
+                meta = AttentionMetadata(slots, tables_t, ctx, torch.ones_like(ctx), 1, block_size)
+                meta.host_query_lens, meta.host_context_lens = [1] * n, lens
+                backend.prepare(meta)
+                for _ in range(args.layers):
+                    backend.forward(q, k, v, k_cache, v_cache, meta, head_dim**-0.5)
+                best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+        print(f"| {n} | " + " | ".join(f"{best[name] * 1e3:.2f}" for name in paths) + " |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
@@ -116,8 +158,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", type=int, metavar="N", help="profile our engine at concurrency N instead")
+    parser.add_argument("--attention", action="store_true", help="time the decode attention paths alone instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.attention:
+        time_decode_attention(args, args.concurrency)
+        return
     print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads}/{args.kv_heads} heads, vocab {args.vocab}, float32; torch threads {args.threads}")
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_checkpoint(tmp, args)
@@ -128,17 +174,18 @@ def main() -> None:
             profile(engine, args.profile, args.vocab, args.seed)
             return
         run_transformers(hf, warm_prompts, [4, 4])
-        print("| concurrent requests | output tokens | ours tok/s | transformers tok/s | ratio |")
-        print("| --- | --- | --- | --- | --- |")
+        print("| concurrent requests | output tokens | ours tok/s | transformers tok/s | ratio | ratio of CPU seconds |")
+        print("| --- | --- | --- | --- | --- | --- |")
         for n in args.concurrency:
             prompts, outputs = workload(n, args.seed + n, args.vocab)
             ours_runs, theirs_runs = [], []
             for _ in range(args.repeats):
                 ours_runs.append(run_ours(engine, prompts, outputs))
                 theirs_runs.append(run_transformers(hf, prompts, outputs))
-            ours, theirs = statistics.median(ours_runs), statistics.median(theirs_runs)
+            ours, theirs = statistics.median(r[0] for r in ours_runs), statistics.median(r[0] for r in theirs_runs)
+            ours_cpu, theirs_cpu = statistics.median(r[1] for r in ours_runs), statistics.median(r[1] for r in theirs_runs)
             tokens = sum(outputs)
-            print(f"| {n} | {tokens} | {tokens / ours:.1f} | {tokens / theirs:.1f} | {theirs / ours:.2f}x |", flush=True)
+            print(f"| {n} | {tokens} | {tokens / ours:.1f} | {tokens / theirs:.1f} | {theirs / ours:.2f}x | {theirs_cpu / ours_cpu:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ DEFAULT_GROUP_SIZE = 8  # sequences per SDPA call; measured best of 4/8/16 at 32
 @dataclass
 class DecodeGroup:
     rows: torch.Tensor  # [n] batch rows of the group's sequences
+    start: int  # the group's first row in the sorted batch
     blocks: torch.Tensor  # [n * width] block ids, row after row
     size: int  # n
     length: int  # width * block_size: the gathered positions per sequence
@@ -34,7 +35,7 @@ class DecodeGroup:
 @dataclass
 class DecodePlan:
     groups: list[DecodeGroup]
-    order: torch.Tensor  # inverse permutation: output row b comes from row order[b] of the grouped result
+    order: torch.Tensor | None  # output row b is row order[b] of the grouped result; None: the batch was sorted
     block_size: int
     max_group_blocks: int
     buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # K/V scratch, made by the step's first layer
@@ -56,9 +57,11 @@ def plan_decode_groups(block_tables: torch.Tensor, context_lens: list[int], bloc
         if min(lens) != max(lens):
             lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
             mask = (torch.arange(max(lens), device=device)[None, :] < lens_t[:, None])[:, None, None, :]
-        groups.append(DecodeGroup(rows_t, blocks, len(rows), length, max(lens), mask))
-    inverse = torch.empty(len(order), dtype=torch.int64, device=device)
-    inverse[torch.tensor(order, dtype=torch.int64, device=device)] = torch.arange(len(order), device=device)
+        groups.append(DecodeGroup(rows_t, start, blocks, len(rows), length, max(lens), mask))
+    inverse = None
+    if order != sorted(order):
+        inverse = torch.empty(len(order), dtype=torch.int64, device=device)
+        inverse[torch.tensor(order, dtype=torch.int64, device=device)] = torch.arange(len(order), device=device)
     return DecodePlan(groups, inverse, block_size, max(g.blocks.numel() for g in groups))
 
 
@@ -81,8 +84,8 @@ def grouped_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         keys = keys.view(g.size, g.length, kv_heads, dim)[:, : g.longest].transpose(1, 2)
         values = values.view(g.size, g.length, kv_heads, dim)[:, : g.longest].transpose(1, 2)
         # grouped-query heads become query rows of their KV head: no repeated K/V
-        queries = q.index_select(0, g.rows).view(g.size, kv_heads, heads // kv_heads, dim).to(keys.dtype)
+        queries = (q.narrow(0, g.start, g.size) if plan.order is None else q.index_select(0, g.rows)).view(g.size, kv_heads, heads // kv_heads, dim).to(keys.dtype)
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=g.mask, scale=scale)
         outs.append(out.reshape(g.size, heads, dim))
     grouped = outs[0] if len(outs) == 1 else torch.cat(outs)
-    return grouped.index_select(0, plan.order)
+    return grouped if plan.order is None else grouped.index_select(0, plan.order)

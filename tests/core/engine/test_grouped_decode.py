@@ -47,6 +47,7 @@ def _attend(backend, step):
     [
         ([5], 4, 2),  # one sequence, a padded last block
         ([8, 4, 12], 4, 4),  # whole blocks only: no mask, no grouped-query folding
+        ([2, 3, 7, 9, 9], 8, 2),  # sorted already: no reordering
         ([1, 37, 2, 16, 9, 30, 3, 22, 5, 41, 17, 8], 6, 2),  # two groups, mixed lengths, out of order
     ],
 )
@@ -70,6 +71,7 @@ def test_plan_groups_by_length_and_masks_only_padding():
     assert first.tolist() == [[True, True, False], [True, True, True]]
     assert plan.groups[2].mask is None  # one sequence: its keys are cut to its length, no mask
     assert torch.equal(torch.tensor(lens).index_select(0, torch.cat([g.rows for g in plan.groups]))[plan.order], torch.tensor(lens))
+    assert plan_decode_groups(tables, sorted(lens), BLOCK, group_size=2).order is None  # already in order: no reordering
 
 
 def test_engine_tokens_are_the_same_on_both_decode_paths(tiny_model):
