@@ -33,7 +33,9 @@ REDUCE_RANGE = not cpu_has_vnni()
 def int8_supported() -> tuple[bool, str]:
     """Whether this torch build has the quantized CPU linear op with an x86 backend."""
     engines = torch.backends.quantized.supported_engines
-    if not hasattr(torch.ops.quantized, "linear_dynamic"):
+    try:
+        torch.ops.quantized.linear_dynamic  # noqa: B018 - resolving the op is the check
+    except (AttributeError, RuntimeError):
         return False, "this torch build has no quantized.linear_dynamic op"
     if not {"x86", "fbgemm"} & set(engines):
         return False, f"no x86/fbgemm quantized engine (available: {engines})"
