@@ -3,7 +3,8 @@
 ``shared``: each stage uses torch's whole intra-op pool and they take turns through a FIFO lock
 (two pools on the same cores slow each other down). ``split``: every compute thread runs
 single-threaded and no lock is taken: the decoder steps on one thread while the encoder encodes
-one window per core on a small pool, and the OS spreads them over the cores. Small decoder
+one window per core on a small pool, and the OS spreads them over the cores; only a lone window
+encoded while no decoder of the process has rows (one request at a time) uses every core. Small decoder
 matmuls gain nothing from a second thread, and a parallel region waits for its slowest thread,
 so on a busy machine (another process holding a core) single-threaded work loses far less.
 
@@ -71,6 +72,24 @@ def encoder_workers(mode: str) -> int:
 def turn_lock(mode: str):
     """The lock a stage's compute takes: the shared FIFO lock, or none when stages are split."""
     return COMPUTE_LOCK if mode == "shared" else contextlib.nullcontext()
+
+
+class BusyDecoders:
+    """How many decoders of this process have rows to step; the encoder reads it."""
+
+    def __init__(self):
+        self._busy: set[int] = set()
+        self._lock = threading.Lock()
+
+    def mark(self, decoder: object, busy: bool) -> None:
+        with self._lock:
+            (self._busy.add if busy else self._busy.discard)(id(decoder))
+
+    def any(self) -> bool:
+        return bool(self._busy)
+
+
+BUSY_DECODERS = BusyDecoders()
 
 
 class ThreadSetter:

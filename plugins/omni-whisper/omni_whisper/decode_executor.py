@@ -18,6 +18,7 @@ from typing import Any
 
 from omni_core.scheduler.executor import Executor, Message, StageContext
 
+from omni_whisper.cpu_threads import BUSY_DECODERS
 from omni_whisper.decode_batch import DecodeBatch
 from omni_whisper.decoding import RequestState, Window, compression_ratio, window_segments
 
@@ -84,6 +85,7 @@ class WhisperDecodeExecutor(Executor):
                 while not (self._stopping or self._inbox or self._aborts or self._waiting or len(self.batch)):
                     self._cond.wait()
                 if self._stopping:
+                    BUSY_DECODERS.mark(self, False)
                     return
                 inbox, self._inbox = list(self._inbox), deque()
                 aborts, self._aborts = set(self._aborts), set()
@@ -103,6 +105,7 @@ class WhisperDecodeExecutor(Executor):
                 error = f"{type(exc).__name__}: {exc} (at {traceback.extract_tb(exc.__traceback__)[-1].lineno})"
                 for request_id in list(self._requests):
                     self._fail(request_id, error)
+            BUSY_DECODERS.mark(self, bool(len(self.batch) or self._waiting))
 
     def _accept(self, message: Message) -> None:
         payload = message.payload

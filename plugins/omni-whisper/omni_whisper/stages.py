@@ -17,7 +17,7 @@ import torch
 from omni_core.serve.exceptions import InvalidInput
 
 from omni_whisper.checkpoint import WhisperCheckpoint, load_checkpoint, resolve_checkpoint_dir
-from omni_whisper.cpu_threads import ThreadSetter, compute_threads, encoder_workers, turn_lock
+from omni_whisper.cpu_threads import BUSY_DECODERS, ThreadSetter, compute_threads, encoder_workers, turn_lock
 from omni_whisper.decoding import LogitRules, RequestState, Window
 from omni_whisper.features import log_mel, split_windows
 from omni_whisper.model import WhisperModel
@@ -116,7 +116,10 @@ class Encoder:
             with ThreadPoolExecutor(workers, "omni-whisper-encoder", initializer=self.set_threads) as pool:
                 encoded = torch.cat(list(pool.map(self._encode, chunks)))
         else:
-            self.set_threads()
+            if self.workers > 1:  # split layout: a lone window takes every core while no decoder steps
+                torch.set_num_threads(1 if BUSY_DECODERS.any() else self.workers)
+            else:
+                self.set_threads()
             encoded = torch.cat([self._encode(chunk) for chunk in chunks])
         start = 0
         for message in messages:
