@@ -4,11 +4,13 @@
 (two pools on the same cores slow each other down). ``split``: every compute thread runs
 single-threaded and no lock is taken: the decoder steps on one thread while the encoder encodes
 one window per core on a small pool, and the OS spreads them over the cores; only a lone window
-encoded while no decoder of the process has rows (one request at a time) uses every core. Small decoder
-matmuls gain nothing from a second thread, and a parallel region waits for its slowest thread,
-so on a busy machine (another process holding a core) single-threaded work loses far less.
+encoded while no decoder of the process has rows (one request at a time) uses every core.
+Small decoder matmuls gain nothing from a second thread, and a parallel region waits for its
+slowest thread, so on a busy machine (another process holding a core) single-threaded work
+loses far less.
 
-torch's intra-op thread count is per thread (OpenMP), so each thread sets its own.
+torch's intra-op thread count is per thread (OpenMP), so each thread sets its own; a thread
+that first runs torch later in the process starts with the last count any thread set.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def turn_lock(mode: str):
 
 
 class BusyDecoders:
-    """How many decoders of this process have rows to step; the encoder reads it."""
+    """Which decoders of this process have rows to step; the encoder reads it."""
 
     def __init__(self):
         self._busy: set[int] = set()
