@@ -75,7 +75,7 @@ class SdpaBackend:
     name = "sdpa"
 
     def __init__(self, per_sequence: bool | None = None):
-        # None: per sequence for prefill and CPU decode, padded batch for CUDA decode
+        # None: per sequence for prefill, grouped by length for CPU decode, padded batch for CUDA decode
         self.per_sequence = per_sequence
 
     def prepare(self, meta: AttentionMetadata) -> None:
@@ -111,16 +111,13 @@ class SdpaBackend:
 
     def _per_sequence(self, meta: AttentionMetadata) -> bool:
         """Sequence by sequence when lengths are known on the host (not in a graph): by default
-        for prefill anywhere, and for decode on CPU with one intra-op thread."""
+        for prefill anywhere (decode on CPU is grouped by length before this is asked, and decode
+        elsewhere runs one padded batch)."""
         if meta.host_query_lens is None:
             return False
         if self.per_sequence is not None:
             return self.per_sequence
-        if meta.max_query_len > 1:
-            return True
-        # CPU decode: a loop of small ops wins on one thread, but with several intra-op threads
-        # each op pays a thread hand-off (ruinous on a busy machine): then one padded batch
-        return meta.block_tables.device.type == "cpu" and torch.get_num_threads() == 1
+        return meta.max_query_len > 1
 
     def forward(self, q, k, v, k_cache, v_cache, meta, scale):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
