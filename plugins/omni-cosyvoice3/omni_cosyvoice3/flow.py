@@ -147,7 +147,11 @@ class FlowModel(nn.Module):
         return inputs, frames
 
     def use_graphs(
-        self, batches: tuple[int, ...], frames: tuple[int, ...], warm: list[tuple[int, int]] = ()
+        self,
+        batches: tuple[int, ...],
+        frames: tuple[int, ...],
+        warm: list[tuple[int, int]] = (),
+        max_work: int | None = None,
     ) -> GraphBuckets:
         """Run the decoder's whole Euler loop as CUDA graphs per (batch, frames) bucket."""
         device = self.input_embedding.weight.device
@@ -164,7 +168,7 @@ class FlowModel(nn.Module):
                 "streaming": torch.ones(b, dtype=torch.bool, device=device),
             }
 
-        self.graphs = GraphBuckets(self.decoder, pad_flow_inputs, example, batches, frames, device, "flow")
+        self.graphs = GraphBuckets(self.decoder, pad_flow_inputs, example, batches, frames, device, "flow", max_work)
         self.graphs.warm(warm)
         return self.graphs
 

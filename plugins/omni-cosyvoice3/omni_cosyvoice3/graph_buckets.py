@@ -5,7 +5,9 @@ same whether it holds 50 frames or 500. ``GraphBuckets`` captures a function onc
 (batch sizes and frame counts, each rounded up to the next bucket) into graphs that share one
 memory pool, copies each call's padded inputs into the bucket's static buffers and replays.
 Buckets are captured lazily on first use, or ahead for a list of warm buckets; a call larger
-than the largest bucket returns None and the caller runs eagerly.
+than the largest bucket, or whose bucket holds more than ``max_work`` frames over all rows,
+returns None and the caller runs eagerly: such calls are bound by arithmetic, not launches, so a
+graph would gain little and its padding and memory pool would cost much.
 
 Stages start in parallel threads and the llm engine captures its decode graphs during its start
 in a mode that forbids allocations and syncs from every other thread, so the stage workers do
@@ -78,10 +80,12 @@ class GraphBuckets:
         frames: tuple[int, ...],
         device: torch.device,
         name: str = "model",
+        max_work: int | None = None,
     ):
         self.fn, self.pad, self.example = fn, pad, example
         self.batches, self.frames = batches, frames
         self.device, self.name = device, name
+        self.max_work = max_work  # batch x frames of the largest bucket worth a graph
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Inputs, torch.Tensor]] = {}
         self.pool = None
         self.capture_seconds = 0.0
@@ -89,7 +93,9 @@ class GraphBuckets:
 
     def bucket(self, batch: int, frames: int) -> tuple[int, int] | None:
         b, t = round_up(batch, self.batches), round_up(frames, self.frames)
-        return None if b is None or t is None else (b, t)
+        if b is None or t is None or (self.max_work is not None and b * t > self.max_work):
+            return None
+        return b, t
 
     @torch.inference_mode()
     def capture(self, batch: int, frames: int) -> None:
@@ -120,9 +126,10 @@ class GraphBuckets:
         )
 
     def warm(self, buckets: Iterable[tuple[int, int]]) -> None:
-        """Capture these buckets now."""
+        """Capture these buckets now (those past ``max_work`` run eagerly: skipped)."""
         for b, t in buckets:
-            self.capture(b, t)
+            if self.bucket(b, t) is not None:
+                self.capture(b, t)
 
     def defer(self, buckets: Iterable[tuple[int, int]]) -> None:
         """Capture these buckets before the first ``run``."""

@@ -224,7 +224,11 @@ class HiftGenerator(nn.Module):
         return [audio[i, : n * per_frame].float() for i, n in enumerate(lengths)]
 
     def use_graphs(
-        self, batches: tuple[int, ...], frames: tuple[int, ...], warm: list[tuple[int, int]] = ()
+        self,
+        batches: tuple[int, ...],
+        frames: tuple[int, ...],
+        warm: list[tuple[int, int]] = (),
+        max_work: int | None = None,
     ) -> GraphBuckets:
         """Run ``infer``'s batches as CUDA graphs per (batch, frames) bucket."""
         device, dtype = self.conv_post.weight.device, self.conv_post.weight.dtype
@@ -238,7 +242,7 @@ class HiftGenerator(nn.Module):
                 "lengths": torch.full((b,), t, dtype=torch.long, device=device),
             }
 
-        self.graphs = GraphBuckets(self, pad_hift_inputs, example, batches, frames, device, "hift")
+        self.graphs = GraphBuckets(self, pad_hift_inputs, example, batches, frames, device, "hift", max_work)
         self.graphs.warm(warm)
         return self.graphs
 

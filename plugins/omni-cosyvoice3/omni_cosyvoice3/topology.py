@@ -25,6 +25,8 @@ from .stage_workers import FlowWorker, FrontendWorker, HiftWorker
 log = logging.getLogger(__name__)
 # fine steps past 256 frames: at large batches the DiT is compute-bound, so padding costs
 DEFAULT_GRAPH_FRAMES = "64,128,192,256,384,512,640,768,1024,1280,1536,2048"
+# batch x frames past which a call is compute-bound on a large GPU: eager, no padding, no graph pool
+DEFAULT_GRAPH_MAX_WORK = 8192
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -71,7 +73,8 @@ def _graph_plan(options: dict, prefix: str, max_batch: int) -> dict | None:
         return None
     frames = parse_buckets(str(options.get(f"{prefix}_graph_frames", DEFAULT_GRAPH_FRAMES)))
     batches = parse_buckets([2**i for i in range(max_batch.bit_length()) if 2**i < max_batch] + [max_batch])
-    plan = {"batches": batches, "frames": frames, "warm": parse_warm(warm, batches, frames)}
+    max_work = int(options.get(f"{prefix}_graph_max_work", DEFAULT_GRAPH_MAX_WORK))
+    plan = {"batches": batches, "frames": frames, "warm": parse_warm(warm, batches, frames), "max_work": max_work}
     for b, t in plan["warm"]:
         if b > batches[-1] or t > frames[-1]:
             raise ValueError(f"cosyvoice3: {prefix}_graphs bucket {b}x{t} exceeds the largest bucket")
@@ -86,14 +89,14 @@ def flow_factory(context, checkpoint_dir: str, dtype: str, max_hop: int, graphs:
     cfg = load_config(checkpoint_dir)
     model = load_flow(checkpoint_dir, cfg).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _on_cuda(context):
-        model.use_graphs(graphs["batches"], graphs["frames"]).defer(graphs["warm"])
+        model.use_graphs(graphs["batches"], graphs["frames"], max_work=graphs["max_work"]).defer(graphs["warm"])
     return FlowWorker(model, cfg.chunk_size, max_hop)
 
 
 def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None):
     model = load_hift(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _on_cuda(context):
-        model.use_graphs(graphs["batches"], graphs["frames"]).defer(graphs["warm"])
+        model.use_graphs(graphs["batches"], graphs["frames"], max_work=graphs["max_work"]).defer(graphs["warm"])
     return HiftWorker(model)
 
 
@@ -105,7 +108,8 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20),
     and on CUDA the flow's and HiFT's graphs: ``flow_graphs`` / ``hift_graphs`` (buckets captured at
     the first batch: batch1 (default) | all | none | BxT,...; off: run eagerly), ``flow_graph_frames`` /
-    ``hift_graph_frames`` (frame buckets, default 64,128,192,256,384,512,640,768,1024,1280,1536,2048)."""
+    ``hift_graph_frames`` (frame buckets, default 64,128,192,256,384,512,640,768,1024,1280,1536,2048), and
+    ``flow_graph_max_work`` / ``hift_graph_max_work`` (batch x frames past which calls run eagerly, 8192)."""
     check_layout(checkpoint_dir)
     if describe(checkpoint_dir)["preset"]:
         log.warning(

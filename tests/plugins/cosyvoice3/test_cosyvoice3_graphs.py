@@ -7,7 +7,7 @@ import pytest
 import torch
 from omni_cosyvoice3.checkpoint import load_flow, load_hift
 from omni_cosyvoice3.flow import FlowRequest, pad_flow_inputs
-from omni_cosyvoice3.graph_buckets import parse_buckets, parse_warm
+from omni_cosyvoice3.graph_buckets import GraphBuckets, parse_buckets, parse_warm
 from omni_cosyvoice3.hift import pad_hift_inputs
 from omni_cosyvoice3.stft import FrameSTFT
 
@@ -107,6 +107,18 @@ def test_graph_bucket_options(tiny_dir):
         parse_warm("2by128", (1, 2), (64,))
     with pytest.raises(ValueError, match="positive"):
         parse_buckets("0,64")
+
+
+def test_calls_past_max_work_have_no_bucket():
+    """Large calls (batch x frames past max_work) run eagerly: no bucket, nothing captured for them."""
+    buckets = GraphBuckets(None, None, None, (1, 4, 32), (64, 256, 1024), torch.device("cpu"), max_work=8192)
+    assert buckets.bucket(1, 700) == (1, 1024)
+    assert buckets.bucket(3, 200) == (4, 256)
+    assert buckets.bucket(20, 100) == (32, 256)
+    assert buckets.bucket(20, 300) is None  # 32 x 1024 > 8192
+    assert buckets.bucket(1, 2000) is None  # past the largest frame bucket
+    buckets.warm([(32, 1024), (4, 2048)])  # both past the limit: skipped, not captured
+    assert buckets.graphs == {}
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
