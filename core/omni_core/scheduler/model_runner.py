@@ -240,7 +240,8 @@ class ModelRunner:
                 step()
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            # thread_local: other stages' threads may load weights or run while this captures
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 st["hidden"], st["logits"] = step()
             pool = graph.pool()
             self.graphs[(size, width)] = (graph, st)
