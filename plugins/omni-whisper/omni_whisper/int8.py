@@ -13,16 +13,7 @@ import warnings
 import torch
 from torch import nn
 
-
-def cpu_has_vnni() -> bool:
-    """VNNI (AVX512-VNNI, AVX-VNNI or AMX) sums u8 x s8 products straight into int32."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = handle.read()
-    except OSError:
-        return False
-    return any(flag in flags for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
-
+from omni_whisper.cpu_features import cpu_has_vnni
 
 # Without VNNI, fbgemm sums pairs of u8 x s8 products in int16, which 8-bit activations can
 # saturate: there activations keep 7 bits (reduce_range). With VNNI all 8 bits are used; on the

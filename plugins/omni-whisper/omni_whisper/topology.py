@@ -8,18 +8,9 @@ import functools
 from omni_core.pipeline import Edge, StageSpec, Topology
 
 from omni_whisper import stages
+from omni_whisper.cpu_features import cpu_has_native_bf16, cpu_has_vnni
 from omni_whisper.cpu_threads import check_mode
-from omni_whisper.int8 import cpu_has_vnni, int8_supported
-
-
-def cpu_has_native_bf16() -> bool:
-    """bf16 matrix instructions (AVX512-BF16 or AMX): there bf16 runs about twice as fast as fp32."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = handle.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+from omni_whisper.int8 import int8_supported
 
 
 def resolve_dtype(name: str) -> str:

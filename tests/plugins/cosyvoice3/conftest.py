@@ -29,6 +29,20 @@ def tiny_dir(omni_cache):
         torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def flow(tiny_dir):
+    from omni_cosyvoice3.checkpoint import load_flow
+
+    return load_flow(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def hift(tiny_dir):
+    from omni_cosyvoice3.checkpoint import load_hift
+
+    return load_hift(tiny_dir)
+
+
 def espeak(text: str, path) -> tuple[np.ndarray, int]:
     """Synthesise ``text`` with espeak-ng into ``path`` (wav); returns (float32 samples, rate)."""
     if shutil.which("espeak-ng") is None:

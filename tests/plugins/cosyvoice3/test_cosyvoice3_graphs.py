@@ -36,16 +36,6 @@ def _mels(lengths, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(80, n, generator=gen) * 0.5 - 4 for n in lengths]
 
 
-@pytest.fixture(scope="module")
-def flow(tiny_dir):
-    return load_flow(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def hift(tiny_dir):
-    return load_hift(tiny_dir)
-
-
 def test_padded_flow_batch_leaves_real_frames_unchanged(flow):
     inputs, frames = flow.prepare(_flow_requests())
     t = inputs["mu"].shape[2]

@@ -3,23 +3,11 @@ where the model is causal (flow under its chunk mask, HiFT's stable prefix)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
-from omni_cosyvoice3.checkpoint import load_flow, load_hift
 from omni_cosyvoice3.chunking import FlowStream
 from omni_cosyvoice3.config import load_config
 from omni_cosyvoice3.flow import FlowRequest
 from omni_cosyvoice3.ras import RasParams, ras_sample
-
-
-@pytest.fixture(scope="module")
-def flow(tiny_dir):
-    return load_flow(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def hift(tiny_dir):
-    return load_hift(tiny_dir)
 
 
 def _request(tokens, prompt_len, finalize, streaming=True, seed=0):
