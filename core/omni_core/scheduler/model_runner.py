@@ -15,6 +15,7 @@ import torch
 
 from omni_core.models.attention import AttentionMetadata, ForwardContext
 from omni_core.models.paged_backend import resolve_attention_backend
+from omni_core.scheduler.graph_capture import CUDA_GRAPH_CAPTURE_LOCK
 from omni_core.scheduler.hooks import StepBatch
 from omni_core.scheduler.sampler import Sampler, SamplingTensors, build_sampling_tensors
 from omni_core.scheduler.sequence import Sequence
@@ -236,13 +237,14 @@ class ModelRunner:
                 hidden = self.model(st["embeds"], st["positions"], ctx)
                 return hidden, self.model.compute_logits(hidden)
 
-            for _ in range(2):  # warm up kernels and allocator outside the graph
-                step()
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: other stages' threads may load weights or run while this captures
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                st["hidden"], st["logits"] = step()
+            with CUDA_GRAPH_CAPTURE_LOCK:
+                for _ in range(2):  # warm up kernels and allocator outside the graph
+                    step()
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                # thread_local: other stages' threads may load weights or run while this captures
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                    st["hidden"], st["logits"] = step()
             pool = graph.pool()
             self.graphs[(size, width)] = (graph, st)
         torch.cuda.synchronize(self.device)

@@ -9,10 +9,9 @@ than the largest bucket, or whose bucket holds more than ``max_work`` frames ove
 returns None and the caller runs eagerly: such calls are bound by arithmetic, not launches, so a
 graph would gain little and its padding and memory pool would cost much.
 
-Stages start in parallel threads and the llm engine captures its decode graphs during its start
-in a mode that forbids allocations and syncs from every other thread, so the stage workers do
-not capture at start-up: their warm buckets are captured just before their first batch
-(``defer``), when every stage has started.
+Captures hold the process-wide capture lock of ``omni_core.scheduler.graph_capture`` and use
+CUDA's ``thread_local`` mode, so warm buckets are captured while the stage starts, beside the
+other stages' start-up (the llm engine captures its own graphs under the same lock).
 
 The model supplies ``pad(inputs, batch, frames)``: it pads a call's inputs to a bucket so that
 the real rows' real frames come out as they would unpadded (right padding masked or past a
@@ -22,17 +21,15 @@ causal edge); tests check that on the CPU, where no graph runs.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from omni_core.scheduler.graph_capture import CUDA_GRAPH_CAPTURE_LOCK
 
 log = logging.getLogger(__name__)
 
-# one capture at a time in this process (the flow and HiFT stages run in threads of their own)
-CAPTURE_LOCK = threading.RLock()
 
 Inputs = dict[str, torch.Tensor]
 
@@ -89,7 +86,6 @@ class GraphBuckets:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Inputs, torch.Tensor]] = {}
         self.pool = None
         self.capture_seconds = 0.0
-        self.deferred: list[tuple[int, int]] = []
 
     def bucket(self, batch: int, frames: int) -> tuple[int, int] | None:
         b, t = round_up(batch, self.batches), round_up(frames, self.frames)
@@ -105,7 +101,7 @@ class GraphBuckets:
         if key in self.graphs:
             return
         start = time.perf_counter()
-        with CAPTURE_LOCK:
+        with CUDA_GRAPH_CAPTURE_LOCK:
             static = {k: v.clone() for k, v in self.example(*key).items()}
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -131,16 +127,9 @@ class GraphBuckets:
             if self.bucket(b, t) is not None:
                 self.capture(b, t)
 
-    def defer(self, buckets: Iterable[tuple[int, int]]) -> None:
-        """Capture these buckets before the first ``run``."""
-        self.deferred.extend(buckets)
-
     @torch.inference_mode()
     def run(self, inputs: Inputs, batch: int, frames: int) -> torch.Tensor | None:
         """The padded output's first ``batch`` rows (a copy), or None past the largest bucket."""
-        if self.deferred:
-            warm, self.deferred = self.deferred, []
-            self.warm(warm)
         key = self.bucket(batch, frames)
         if key is None:
             return None

@@ -89,14 +89,14 @@ def flow_factory(context, checkpoint_dir: str, dtype: str, max_hop: int, graphs:
     cfg = load_config(checkpoint_dir)
     model = load_flow(checkpoint_dir, cfg).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _on_cuda(context):
-        model.use_graphs(graphs["batches"], graphs["frames"], max_work=graphs["max_work"]).defer(graphs["warm"])
+        model.use_graphs(graphs["batches"], graphs["frames"], graphs["warm"], graphs["max_work"])
     return FlowWorker(model, cfg.chunk_size, max_hop)
 
 
 def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None):
     model = load_hift(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _on_cuda(context):
-        model.use_graphs(graphs["batches"], graphs["frames"], max_work=graphs["max_work"]).defer(graphs["warm"])
+        model.use_graphs(graphs["batches"], graphs["frames"], graphs["warm"], graphs["max_work"])
     return HiftWorker(model)
 
 
@@ -107,7 +107,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     the largest flow chunk, default 100), ``kv_cache_bytes``, ``cuda_graphs`` (default True),
     ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20),
     and on CUDA the flow's and HiFT's graphs: ``flow_graphs`` / ``hift_graphs`` (buckets captured at
-    the first batch: batch1 (default) | all | none | BxT,...; off: run eagerly), ``flow_graph_frames`` /
+    start-up: batch1 (default) | all | none | BxT,...; off: run eagerly), ``flow_graph_frames`` /
     ``hift_graph_frames`` (frame buckets, default 64,128,192,256,384,512,640,768,1024,1280,1536,2048), and
     ``flow_graph_max_work`` / ``hift_graph_max_work`` (batch x frames past which calls run eagerly, 8192)."""
     check_layout(checkpoint_dir)
