@@ -1,54 +1,11 @@
 """Tiny random transformers checkpoints (saved with save_pretrained) for parity tests."""
 
 import pytest
-import torch
-import transformers
 
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
-
-ARCHS = {
-    "Qwen2ForCausalLM": ("Qwen2Config", {}),
-    "Qwen3ForCausalLM": ("Qwen3Config", {"head_dim": 16}),
-    "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True}),
-    "Qwen2MoeForCausalLM": ("Qwen2MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}),
-}
-
-
-def make_hf_model(arch: str, seed: int = 0, **overrides):
-    config_name, extra = ARCHS[arch]
-    config = getattr(transformers, config_name)(**{**TINY, **extra, **overrides})
-    torch.manual_seed(seed)
-    # larger-than-default weights give peaked logits, so greedy parity is not decided by ties
-    model = getattr(transformers, arch)(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith("norm.weight"):
-                p.normal_(0, 0.08)
-    return model
+from tests.helpers.hf_models import ARCHS, one_torch_thread, save_hf_models  # noqa: F401 - autouse fixture
 
 
 @pytest.fixture(scope="session")
 def hf_checkpoints(tmp_path_factory):
     """arch -> (transformers model, checkpoint dir)."""
-    root = tmp_path_factory.mktemp("hf")
-    out = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for arch in ARCHS:
-            model = make_hf_model(arch)
-            path = root / arch
-            model.save_pretrained(path)
-            out[arch] = (model, path)
-    finally:
-        torch.set_num_threads(threads)
-    return out
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread avoids spin-wait contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    return save_hf_models(tmp_path_factory.mktemp("hf"), {arch: {"arch": arch} for arch in ARCHS})
