@@ -1,7 +1,8 @@
 """Start `omni serve`, wait until it is healthy, run `omni bench serve` against it, stop it.
 
 One command per family for machines where nothing else is set up (the GPU box): the server's
-log goes to ``--log``, the bench's JSON wherever its own ``--json`` says.
+log goes to ``--log``, the bench's JSON wherever its own ``--json`` says. ``start_server`` and
+``stop_server`` serve the other benchmarks that need a server.
 
     python benchmarks/serve_bench.py --log serve.log \
         --serve "--family cosyvoice3 --preset full --device cuda --option dtype=bfloat16 --max-running 32" \
@@ -20,6 +21,8 @@ import time
 
 import httpx
 
+OMNI = [sys.executable, "-m", "omni_core.cli"]
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -27,16 +30,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float) -> float:
+def start_server(serve_args: list[str], log=subprocess.DEVNULL, timeout_s: float = 600.0) -> tuple[subprocess.Popen, str]:
+    """``omni serve SERVE_ARGS --port P`` on a free port, once /health answers: (process, base URL)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([*OMNI, "serve", *serve_args, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
-        if process.poll() is not None:
-            raise SystemExit(f"omni serve exited with {process.returncode} before it was ready")
+        if server.poll() is not None:
+            raise SystemExit(f"omni serve exited with {server.returncode} before it was ready")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return time.monotonic() - start
+                print(f"server ready in {time.monotonic() - start:.1f} s", flush=True)
+                return server, url
         time.sleep(0.2)
+    server.kill()
     raise SystemExit(f"omni serve was not ready after {timeout_s:.0f} s")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
 
 
 def main() -> int:
@@ -46,20 +63,12 @@ def main() -> int:
     parser.add_argument("--log", default="serve.log", help="where the server's output goes")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    omni = [sys.executable, "-m", "omni_core.cli"]
     with open(args.log, "w") as log:
-        server = subprocess.Popen([*omni, "serve", *shlex.split(args.serve), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+        server, url = start_server(shlex.split(args.serve), log, args.ready_timeout)
         try:
-            print(f"server ready in {wait_healthy(server, url, args.ready_timeout):.1f} s", flush=True)
-            return subprocess.call([*omni, "bench", "serve", "--base-url", url, *shlex.split(args.bench)])
+            return subprocess.call([*OMNI, "bench", "serve", "--base-url", url, *shlex.split(args.bench)])
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            stop_server(server)
 
 
 if __name__ == "__main__":

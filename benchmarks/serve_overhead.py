@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from functools import partial
 
 import httpx
+from serve_bench import start_server, stop_server  # beside this script
 
 SEED = 1
 SENTENCES = [
@@ -39,45 +37,6 @@ SENTENCES = [
     "She can scoop these things into three red bags, and we will go meet her Wednesday at the train station.",
     "Numbers like 1234 and dates like March 3rd are spoken too.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(family: str, preset: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "omni_core.cli",
-            "serve",
-            "--family",
-            family,
-            "--preset",
-            preset,
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return server, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.kill()
-    raise RuntimeError("omni serve did not become ready")
 
 
 def offline_streamed(omni, text: str, voice: str | None) -> tuple[float, float]:
@@ -121,7 +80,7 @@ def measure(
     from omni_core import Omni
 
     times = {side: {"first": [], "last": [], "whole": [], "samples": []} for side in ("offline", "http")}
-    server, url = start_server(family, preset)
+    server, url = start_server(["--family", family, "--preset", preset, "--log-level", "warning"], timeout_s=300)
     try:
         with Omni(family, preset=preset) as omni, httpx.Client(timeout=300) as client:
             voice = voice or (omni.builtin_voices()[0].id if omni.builtin_voices() else None)
@@ -153,8 +112,7 @@ def measure(
                     ):
                         times[side][key].append(value)
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        stop_server(server)
     return times
 
 
