@@ -79,6 +79,12 @@ class _QueuedExecutor(Executor):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
+    def _wait_for_work(self) -> bool:
+        """With the lock held: wait until a message is queued; False once the executor stops."""
+        while not self._queue and not self._stopping:
+            self._cond.wait()
+        return not self._stopping
+
     # -- requests ---------------------------------------------------------------------------------
 
     def submit(self, message: Message) -> None:
@@ -155,9 +161,7 @@ class FnExecutor(_QueuedExecutor):
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
+                if not self._wait_for_work():
                     return
                 message = self._queue.popleft()
                 self._cond.notify_all()
@@ -226,9 +230,7 @@ class BatchExecutor(_QueuedExecutor):
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
+                if not self._wait_for_work():
                     return
                 deadline = time.monotonic() + self.window_s
                 while len({m.request_id for m in self._queue}) < self.max_batch and not self._stopping:
