@@ -91,6 +91,12 @@ class GatedMLP(nn.Module):
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
+    def forward_rows(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp(norm(x + residual)), x + residual)`` for few rows, in two fused kernels
+        (add + norm + gate/up projection + SiLU gate; down projection)."""
+        act, residual = kernels.skinny_gated_linear(x, self.gate_up_proj.weight, residual, norm.weight, norm.eps)
+        return kernels.skinny_linear(act, self.down_proj.weight), residual
+
 
 def rope_theta(config) -> float:
     """The rotary base from a transformers config, old (``rope_theta``) or new (``rope_parameters``) style."""

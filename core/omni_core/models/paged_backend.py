@@ -5,7 +5,9 @@ Decode (one query token per sequence) runs one kernel per layer for rotary + cac
 for paged attention read straight through the block tables (plus a small combine kernel when the
 context is split across programs); prefill keeps ``SdpaBackend``'s per-sequence path after the
 same fused rotary + cache write. With this backend the Qwen backbones also use their fused
-residual-add + RMSNorm and SiLU-gate kernels (``fused_ops``).
+residual-add + RMSNorm and SiLU-gate kernels (``fused_ops``), and decode steps of up to
+``kernels.SKINNY_MAX_ROWS`` sequences fold norm, projection, rotary and cache write into one
+kernel per projection (``fuses_decode_rows``, ``attend_cached``).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ class TritonPagedBackend:
     fuses_rotary = True
     fused_ops = True
 
-    def __init__(self, num_splits: int | None = None):
-        # num_splits: programs per (sequence, KV head) in decode; None picks from the grid size
+    def __init__(self, num_splits: int | None = None, fused_rows: bool = True):
+        # num_splits: programs per (sequence, KV head) in decode; None picks from the grid size.
+        # fused_rows: decode steps of few rows run the fused projection kernels (see fuses_decode_rows)
         self.num_splits = num_splits
+        self.fused_rows = fused_rows
         self.prefill = SdpaBackend()
 
     def prepare(self, meta: AttentionMetadata) -> None:
@@ -41,13 +45,23 @@ class TritonPagedBackend:
             store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.max_query_len > 1:
             return self.prefill.attend(q, k, v, k_cache, v_cache, meta, scale)
+        return self.attend_cached(q, k_cache, v_cache, meta, scale)
+
+    def attend_cached(self, q, k_cache, v_cache, meta, scale):
+        """Decode attention once the step's K/V are in the cache (the fused projection wrote them)."""
         if q.stride(-1) != 1:
             q = q.contiguous()
         return kernels.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.block_size, scale, self.num_splits)
 
+    def fuses_decode_rows(self, meta, rows: int) -> bool:
+        """Whether a decode step of ``rows`` sequences runs the fused projection kernels
+        (``kernels.fused_linear``): few rows, one query each."""
+        return self.fused_rows and meta.max_query_len == 1 and rows <= kernels.SKINNY_MAX_ROWS
+
 
 def resolve_attention_backend(choice, device: torch.device):
-    """The backend an engine uses: an object is used as is; ``"sdpa"`` or ``"triton"`` by name;
+    """The backend an engine uses: an object is used as is; ``"sdpa"`` or ``"triton"`` by name
+    (``"triton-unfused"``: the Triton backend without the fused projection kernels, for comparison);
     None picks ``$OMNI_ATTENTION_BACKEND`` if set, else ``triton`` on CUDA when triton imports and
     ``sdpa`` otherwise."""
     if choice is not None and not isinstance(choice, str):
@@ -56,11 +70,11 @@ def resolve_attention_backend(choice, device: torch.device):
     name = choice or os.environ.get(BACKEND_ENV) or ("triton" if device.type == "cuda" and kernels.triton_available() else "sdpa")
     if name == "sdpa":
         return SdpaBackend()
-    if name == "triton":
+    if name in ("triton", "triton-unfused"):
         reason = kernels.triton_unavailable_reason()
         if reason is not None:
             raise ValueError(f"attention backend 'triton': {reason}")
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"attention backend 'triton' needs a CUDA device, not {device.type!r} (or TRITON_INTERPRET=1)")
-        return TritonPagedBackend()
+        return TritonPagedBackend(fused_rows=name == "triton")
     raise ValueError(f"unknown attention backend {name!r}: expected 'sdpa' or 'triton'")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from omni_core.models import kernels
 from omni_core.models.attention import ForwardContext
 from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, rope_theta
 from omni_core.models.moe import SparseMoeBlock
@@ -58,6 +59,23 @@ class QwenAttention(nn.Module):
         out = ctx.attention(self.layer_index, q, k, v, rope=rope)
         return self.o_proj(out.reshape(T, -1))
 
+    def fuses_decode(self) -> bool:
+        return self.q_norm is None and kernels.fuses_qkv_rotary(self.head_dim)
+
+    def forward_decode(self, x, residual, norm: RMSNorm, rope, ctx: ForwardContext):
+        """Decode rows with the fused kernels: norm (after the residual add) + q/k/v projection +
+        rotary + cache write in one kernel, attention over the cache, then o_proj. Returns
+        (o_proj output, residual stream)."""
+        T = x.shape[0]
+        k_cache, v_cache = ctx.kv_caches[self.layer_index]
+        out = kernels.qkv_rotary_store(
+            x, self.qkv_proj.weight, self.qkv_proj.bias, rope[0], rope[1], ctx.meta.slot_mapping, k_cache, v_cache,
+            self.num_heads, self.num_kv_heads, self.head_dim, residual=residual, norm_weight=norm.weight, eps=norm.eps,
+        )
+        q, residual = out if residual is not None else (out, x)
+        attn = ctx.backend.attend_cached(q.view(T, self.num_heads, self.head_dim), k_cache, v_cache, ctx.meta, self.head_dim**-0.5)
+        return kernels.skinny_linear(attn.reshape(T, -1), self.o_proj.weight), residual
+
 
 class QwenDecoderLayer(nn.Module):
     def __init__(self, config, layer_index: int, qk_norm: bool, bias: bool, sparse: bool):
@@ -81,12 +99,19 @@ class QwenDecoderLayer(nn.Module):
         """Returns (this layer's last block output, the residual stream): the layer's output is
         their sum, left to the next norm, which adds it (one fused kernel on the fused path)."""
         fused = ctx.fused_ops
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x, fused=fused)
+        fuses_rows = getattr(ctx.backend, "fuses_decode_rows", None)
+        decode_kernels = fused and fuses_rows is not None and fuses_rows(ctx.meta, x.shape[0])
+        if decode_kernels and self.self_attn.fuses_decode():
+            x, residual = self.self_attn.forward_decode(x, residual, self.input_layernorm, rope, ctx)
         else:
-            x, residual = self.input_layernorm(x, residual, fused=fused)
-        x = self.self_attn(x, rope, ctx)
+            if residual is None:
+                residual = x
+                x = self.input_layernorm(x, fused=fused)
+            else:
+                x, residual = self.input_layernorm(x, residual, fused=fused)
+            x = self.self_attn(x, rope, ctx)
+        if decode_kernels and isinstance(self.mlp, GatedMLP):
+            return self.mlp.forward_rows(x, residual, self.post_attention_layernorm)
         x, residual = self.post_attention_layernorm(x, residual, fused=fused)
         return self.mlp(x, fused=fused), residual
 

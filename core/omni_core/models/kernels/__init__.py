@@ -56,4 +56,39 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, bloc
     return impl(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, num_splits)
 
 
-__all__ = ["paged_decode_attention", "rms_norm", "rotary_store_kv", "silu_mul", "triton_available", "triton_unavailable_reason"]
+# decode rows up to this many run the fused linear kernels below; with more, torch's matmuls
+# (tensor cores) plus the separate norm / activation / rotary kernels were faster on the H200
+# (benchmarks/fused_linear_gpu.py: at 4 rows the gate/up projection took 16 us fused vs 7 us)
+SKINNY_MAX_ROWS = 2
+
+
+def skinny_linear(x, weight, bias=None, residual=None, norm_weight=None, eps=0.0):
+    """``x @ weight^T + bias`` for few rows, optionally after (residual add +) RMSNorm; see ``kernels.fused_linear``."""
+    from omni_core.models.kernels.fused_linear import linear as impl
+
+    return impl(x, weight, bias, residual, norm_weight, eps)
+
+
+def skinny_gated_linear(x, gate_up_weight, residual=None, norm_weight=None, eps=0.0):
+    """``silu(g) * u`` of ``[g, u] = x @ gate_up_weight^T`` for few rows, optionally after (residual add +) RMSNorm."""
+    from omni_core.models.kernels.fused_linear import gated_linear as impl
+
+    return impl(x, gate_up_weight, residual, norm_weight, eps)
+
+
+def qkv_rotary_store(x, qkv_weight, bias, cos, sin, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim, residual=None, norm_weight=None, eps=0.0):
+    """Attention input projection + rotary + paged-cache write of decode rows, in one kernel; returns q."""
+    from omni_core.models.kernels.fused_linear import qkv_rotary_store as impl
+
+    return impl(x, qkv_weight, bias, cos, sin, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim, residual, norm_weight, eps)
+
+
+def fuses_qkv_rotary(head_dim: int) -> bool:
+    """Whether ``qkv_rotary_store`` handles this head size (its column tiles split each half of a head)."""
+    return head_dim % 8 == 0
+
+
+__all__ = [
+    "SKINNY_MAX_ROWS", "fuses_qkv_rotary", "paged_decode_attention", "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul",
+    "skinny_gated_linear", "skinny_linear", "triton_available", "triton_unavailable_reason",
+]

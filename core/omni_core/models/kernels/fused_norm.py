@@ -7,14 +7,19 @@ import torch
 import triton
 import triton.language as tl
 
+from omni_core.models.kernels.launch import launch_options
+
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     stride_x, stride_residual, stride_out, stride_residual_out,
     n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # see kernels.launch
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -43,13 +48,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     block = triton.next_power_of_2(n)
     warps = 4 if block <= 2048 else 8
+    pdl = launch_options(x.device)
     if residual is None:
-        _rms_norm_kernel[(x2.shape[0],)](x2, x2, weight, out, out, x2.stride(0), 0, out.stride(0), 0, n, eps, HAS_RESIDUAL=False, BLOCK=block, num_warps=warps)
+        _rms_norm_kernel[(x2.shape[0],)](x2, x2, weight, out, out, x2.stride(0), 0, out.stride(0), 0, n, eps, HAS_RESIDUAL=False, BLOCK=block, PDL=pdl, num_warps=warps, launch_pdl=pdl)
         return out.view(x.shape)
     r2 = _rows(residual)
     residual_out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     _rms_norm_kernel[(x2.shape[0],)](
         x2, r2, weight, out, residual_out, x2.stride(0), r2.stride(0), out.stride(0), residual_out.stride(0), n, eps,
-        HAS_RESIDUAL=True, BLOCK=block, num_warps=warps,
+        HAS_RESIDUAL=True, BLOCK=block, PDL=pdl, num_warps=warps, launch_pdl=pdl,
     )
     return out.view(x.shape), residual_out.view(x.shape)

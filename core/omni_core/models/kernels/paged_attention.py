@@ -11,11 +11,11 @@ width, and lengths are read from device tensors: the kernels can be captured in 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from omni_core.models.kernels.launch import launch_options, multiprocessors
 
 
 @triton.jit
@@ -25,8 +25,11 @@ def _paged_decode_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cache_slot, stride_cache_head, stride_table,
     scale, partition_size, num_splits, num_heads,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # see kernels.launch: the next kernel may start; q and the new K/V come from the previous one
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -80,8 +83,11 @@ def _paged_decode_kernel(
 @triton.jit
 def _combine_splits_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, num_splits, num_heads,
-    SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_PAD)
@@ -95,17 +101,12 @@ def _combine_splits_kernel(
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
 def default_num_splits(batch: int, kv_heads: int, width_tokens: int, device: torch.device, block_n: int = 64) -> int:
     """As many splits as fit the multiprocessors whole (none once batch x KV heads fills them), none
     shorter than a tile. On the H200 (132 SMs, 2 KV heads, 512-token contexts) splitting made one
     layer's attention 2.7x faster at batch 1 and 2x at 8, but a batch of 64 ran slower split in
     two (16.0 vs 13.9 us) than not split: the combine pass then costs more than it saves."""
-    wanted = _multiprocessors(device) // (batch * kv_heads)
+    wanted = multiprocessors(device) // (batch * kv_heads)
     return max(1, min(wanted, triton.cdiv(width_tokens, block_n)))
 
 
@@ -139,6 +140,7 @@ def paged_decode_attention(
     if B == 0:
         return out
     split = num_splits > 1
+    pdl = launch_options(q.device)
     if split:
         part_out = torch.empty(B, heads, num_splits, dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, heads, num_splits, dtype=torch.float32, device=q.device)
@@ -150,11 +152,11 @@ def paged_decode_attention(
         scale, partition, num_splits, heads,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=dim, DIM_PAD=max(16, triton.next_power_of_2(dim)),
         KV_BLOCK=block_size, BLOCK_N=block_n, SPLIT=split,
-        PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", PDL=pdl, launch_pdl=pdl,
     )
     if split:
         _combine_splits_kernel[(B, heads)](
             part_out, part_lse, out, out.stride(0), out.stride(1), num_splits, heads,
-            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=dim, DIM_PAD=triton.next_power_of_2(dim),
+            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=dim, DIM_PAD=triton.next_power_of_2(dim), PDL=pdl, launch_pdl=pdl,
         )
     return out

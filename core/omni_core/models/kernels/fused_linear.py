@@ -1,0 +1,281 @@
+"""Linear layers for decode-sized batches (a few rows), fused with what surrounds them.
+
+At decode shapes a linear layer only streams its weight once, and the time of the small kernels
+around it (norm, activation, rotary, cache write) is mostly launch and ramp-up. One kernel here
+does ``epilogue(prologue(x) @ W^T + b)``:
+
+- prologue: nothing, RMSNorm, or residual add + RMSNorm (the add's sum is also written out,
+  by the programs of the first column tile, as the residual stream);
+- epilogue: store; SiLU gate (W holds gate rows then up rows, the output is ``silu(g) * u``);
+  or rotary + paged-cache write (W holds q, k, v heads: q heads are rotated and stored, k heads
+  rotated and written to the key cache at each row's slot, v heads written to the value cache).
+
+A program owns ``BLOCK_N`` output columns (for the gate and rotary epilogues, that many pairs of
+columns) for up to ``BLOCK_M`` rows and runs over K: each weight tile is loaded once and
+multiplied with every row in registers (a matrix-unit tile would pad the rows to 16 and stage the
+weight through shared memory, which halved the bandwidth a program got on the H200). Each
+program recomputes the norm of its rows (K values per row, from L2): cheaper than a separate
+kernel.
+
+On Hopper the kernels take part in programmatic dependent launch (``kernels.launch``): a kernel
+lets the next one launch once its weight reads are done, so the next one's launch overlaps this
+one's epilogue.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from omni_core.models.kernels.launch import launch_options, multiprocessors
+
+PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_ADD_NORM = 0, 1, 2
+EPILOGUE_STORE, EPILOGUE_SILU_GATE, EPILOGUE_ROTARY_KV = 0, 1, 2
+MAX_ROWS = 8  # rows one program multiplies with each weight tile (the engine uses these kernels up to 2)
+
+
+@triton.jit
+def _inv_rms(x_ptr, res_ptr, res_out_ptr, offs_m, M, K: tl.constexpr, stride_xm, stride_rm, stride_rom, eps,
+             PROLOGUE: tl.constexpr, WRITE_RESIDUAL, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1/rms of each row of x (+ residual, rounded to the stream's dtype as the unfused path
+    stores it); the first column tile also writes that sum out."""
+    sum_sq = tl.zeros([BLOCK_M], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask = (offs_m < M)[:, None] & (offs_k < K)[None, :]
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0)
+        if PROLOGUE == 2:
+            r = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+            if WRITE_RESIDUAL:
+                tl.store(res_out_ptr + offs_m[:, None] * stride_rom + offs_k[None, :], x, mask=mask)
+        xf = x.to(tl.float32)
+        sum_sq += tl.sum(xf * xf, axis=1)
+    return 1.0 / tl.sqrt(sum_sq / K + eps)
+
+
+@triton.jit
+def _input_row(x_ptr, res_ptr, norm_w_ptr, row, offs_k, M, K: tl.constexpr, stride_xm, stride_rm, inv_rms, out_dtype,
+               PROLOGUE: tl.constexpr):
+    """Row ``row`` of prologue(x) at ``offs_k``, rounded to the weight's dtype as the unfused norm's
+    output is, as float32."""
+    mask = (offs_k < K) & (row < M)
+    x = tl.load(x_ptr + row * stride_xm + offs_k, mask=mask, other=0.0)
+    if PROLOGUE == 0:
+        return x.to(out_dtype).to(tl.float32)
+    if PROLOGUE == 2:
+        r = tl.load(res_ptr + row * stride_rm + offs_k, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    w = tl.load(norm_w_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    return (x.to(tl.float32) * inv_rms * w).to(out_dtype).to(tl.float32)
+
+
+@triton.jit
+def _skinny_linear_kernel(
+    x_ptr, res_ptr, norm_w_ptr, w_ptr, bias_ptr, out_ptr, res_out_ptr,
+    cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    M, K: tl.constexpr, n_tiles_cols, second_offset, eps,
+    stride_xm, stride_rm, stride_rom, stride_wn, stride_om, stride_rope, stride_cache_slot, stride_cache_head,
+    num_q_heads, num_kv_heads,
+    PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # the W rows behind this program's columns: one set (store) or two (gate/up, rotary halves)
+    if EPILOGUE == 2:
+        pairs_per_head = HALF // BLOCK_N
+        head = pid_n // pairs_per_head
+        j = (pid_n % pairs_per_head) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_a = head * (2 * HALF) + j
+        rows_b = rows_a + HALF
+        n_rows = (num_q_heads + 2 * num_kv_heads) * 2 * HALF
+    else:
+        rows_a = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_b = rows_a + second_offset
+        n_rows = n_tiles_cols
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # x (and the residual) come from the previous kernel
+
+    inv_rms = tl.zeros([BLOCK_M], tl.float32)
+    if PROLOGUE != 0:
+        inv_rms = _inv_rms(x_ptr, res_ptr, res_out_ptr, offs_m, M, K, stride_xm, stride_rm, stride_rom, eps,
+                           PROLOGUE, pid_n == 0, BLOCK_M, BLOCK_K)
+    acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    valid_a = rows_a < n_rows
+    row_ids = tl.arange(0, BLOCK_M)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        w_mask = valid_a[:, None] & (offs_k < K)[None, :]
+        wa = tl.load(w_ptr + rows_a[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        if EPILOGUE != 0:
+            wb = tl.load(w_ptr + rows_b[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        for m in tl.static_range(BLOCK_M):
+            inv = tl.sum(tl.where(row_ids == m, inv_rms, 0.0), axis=0)
+            xr = _input_row(x_ptr, res_ptr, norm_w_ptr, pid_m * BLOCK_M + m, offs_k, M, K, stride_xm, stride_rm, inv,
+                            w_ptr.dtype.element_ty, PROLOGUE)
+            acc_a += tl.where((row_ids == m)[:, None], tl.sum(wa * xr[None, :], axis=1)[None, :], 0.0)
+            if EPILOGUE != 0:
+                acc_b += tl.where((row_ids == m)[:, None], tl.sum(wb * xr[None, :], axis=1)[None, :], 0.0)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # the weight is read: the next kernel may launch
+    if HAS_BIAS:
+        acc_a += tl.load(bias_ptr + rows_a, mask=valid_a, other=0.0).to(tl.float32)[None, :]
+        if EPILOGUE != 0:
+            acc_b += tl.load(bias_ptr + rows_b, mask=valid_a, other=0.0).to(tl.float32)[None, :]
+    m_mask = (offs_m < M)[:, None]
+    out_ty = out_ptr.dtype.element_ty
+    if EPILOGUE == 0:
+        tl.store(out_ptr + offs_m[:, None] * stride_om + rows_a[None, :], acc_a.to(out_ty), mask=m_mask & valid_a[None, :])
+    elif EPILOGUE == 1:
+        # the unfused path rounds the matmul's output before the activation: so does this
+        gate = acc_a.to(out_ty).to(tl.float32)
+        up = acc_b.to(out_ty).to(tl.float32)
+        act = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + offs_m[:, None] * stride_om + rows_a[None, :], act.to(out_ty), mask=m_mask & valid_a[None, :])
+    else:
+        lo = acc_a.to(out_ty).to(tl.float32)
+        hi = acc_b.to(out_ty).to(tl.float32)
+        if head < num_q_heads + num_kv_heads:  # q and k heads are rotated
+            rope = offs_m[:, None] * stride_rope + j[None, :]
+            cos = tl.load(cos_ptr + rope, mask=m_mask, other=0.0).to(tl.float32)
+            sin = tl.load(sin_ptr + rope, mask=m_mask, other=0.0).to(tl.float32)
+            lo, hi = lo * cos - hi * sin, hi * cos + lo * sin
+        if head < num_q_heads:
+            q_ptr = out_ptr + offs_m[:, None] * stride_om + rows_a[None, :]
+            tl.store(q_ptr, lo.to(out_ty), mask=m_mask)
+            tl.store(q_ptr + HALF, hi.to(out_ty), mask=m_mask)
+        else:
+            slot = tl.load(slot_ptr + offs_m, mask=offs_m < M, other=0).to(tl.int64)
+            if head < num_q_heads + num_kv_heads:
+                cache_ptr = k_cache_ptr
+                kv_head = head - num_q_heads
+            else:
+                cache_ptr = v_cache_ptr
+                kv_head = head - num_q_heads - num_kv_heads
+            dst = cache_ptr + slot[:, None] * stride_cache_slot + kv_head * stride_cache_head + j[None, :]
+            cache_ty = cache_ptr.dtype.element_ty
+            tl.store(dst, lo.to(cache_ty), mask=m_mask)
+            tl.store(dst + HALF, hi.to(cache_ty), mask=m_mask)
+
+
+def _block_m(m: int) -> int:
+    return min(triton.next_power_of_2(m), MAX_ROWS)
+
+
+def _block_k(K: int, two_tiles: bool) -> int:
+    """The K span of one weight tile: all of K up to 1024 (512 with two tiles)."""
+    return min(triton.next_power_of_2(K), 512 if two_tiles else 1024)
+
+
+def _launch(x, weight, bias, out, *, prologue=PROLOGUE_NONE, residual=None, norm_weight=None, eps=0.0, residual_out=None,
+            epilogue=EPILOGUE_STORE, columns: int, second_offset: int = 0, block_n: int = 16,
+            rotary=None, num_warps: int | None = None) -> None:
+    M, K = x.shape
+    if weight.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError("x and the weight need unit stride along K")
+    pdl = launch_options(x.device)
+    dummy = out
+    if rotary is None:
+        cos = sin = slots = k_cache = v_cache = dummy
+        stride_rope = stride_slot = stride_head = 0
+        q_heads = kv_heads = 0
+        half = 16
+        grid_n = triton.cdiv(columns, block_n)
+    else:
+        cos, sin, slots, k_cache, v_cache, q_heads, kv_heads, head_dim = rotary
+        half = head_dim // 2
+        stride_rope, stride_slot, stride_head = cos.stride(0), k_cache.stride(0), k_cache.stride(1)
+        grid_n = (q_heads + 2 * kv_heads) * (half // block_n)
+    block_m = _block_m(M)
+    # one weight tile per step: 8 warps keep more of it in flight (down_proj at one row: 4.0 vs
+    # 5.3 us on the H200); two tiles (gate/up, rotary halves) ran best with 4
+    num_warps = num_warps or (8 if epilogue == EPILOGUE_STORE else 4)
+    block_k = _block_k(K, epilogue != EPILOGUE_STORE)
+    _skinny_linear_kernel[(grid_n, triton.cdiv(M, block_m))](
+        x, residual if residual is not None else x, norm_weight if norm_weight is not None else weight,
+        weight, bias if bias is not None else weight, out, residual_out if residual_out is not None else out,
+        cos, sin, slots, k_cache, v_cache,
+        M, K, columns, second_offset, eps,
+        x.stride(0), residual.stride(0) if residual is not None else 0, residual_out.stride(0) if residual_out is not None else 0,
+        weight.stride(0), out.stride(0), stride_rope, stride_slot, stride_head,
+        q_heads, kv_heads,
+        PROLOGUE=prologue, EPILOGUE=epilogue, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HALF=half,
+        PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
+    )
+
+
+def _block_n(columns: int, device: torch.device, most: int = 8) -> int:
+    """Column tile: the widest (up to ``most``) that still gives every multiprocessor two programs.
+    On the H200 at one row, 8 columns (16 weight rows) per program streamed the gate/up weight
+    fastest and 4 the 896-wide projections (benchmarks/fused_linear_gpu.py)."""
+    block = most
+    while block > 4 and triton.cdiv(columns, block) < 2 * multiprocessors(device):
+        block //= 2
+    return block
+
+
+def _prologue(residual, norm_weight):
+    if norm_weight is None:
+        return PROLOGUE_NONE
+    return PROLOGUE_ADD_NORM if residual is not None else PROLOGUE_NORM
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+           norm_weight: torch.Tensor | None = None, eps: float = 0.0, block_n: int | None = None, num_warps: int | None = None):
+    """``prologue(x) @ weight^T + bias`` for x [M, K]; with ``norm_weight``, the prologue is RMSNorm
+    (of ``x + residual`` when given, and then returns ``(out, x + residual)``)."""
+    M = x.shape[0]
+    N = weight.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    residual_out = torch.empty_like(x) if residual is not None else None
+    _launch(x, weight, bias, out, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight, eps=eps,
+            residual_out=residual_out, columns=N, block_n=block_n or _block_n(N, x.device), num_warps=num_warps)
+    return out if residual is None else (out, residual_out)
+
+
+def gated_linear(x: torch.Tensor, gate_up_weight: torch.Tensor, residual: torch.Tensor | None = None,
+                 norm_weight: torch.Tensor | None = None, eps: float = 0.0, block_n: int | None = None, num_warps: int | None = None):
+    """``silu(g) * u`` where ``[g, u] = prologue(x) @ gate_up_weight^T`` (gate rows first); the
+    prologue and the return value as in ``linear``."""
+    M = x.shape[0]
+    inter = gate_up_weight.shape[0] // 2
+    out = torch.empty(M, inter, dtype=x.dtype, device=x.device)
+    residual_out = torch.empty_like(x) if residual is not None else None
+    _launch(x, gate_up_weight, None, out, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight,
+            eps=eps, residual_out=residual_out, epilogue=EPILOGUE_SILU_GATE, columns=inter, second_offset=inter,
+            block_n=block_n or _block_n(inter, x.device), num_warps=num_warps)
+    return out if residual is None else (out, residual_out)
+
+
+def qkv_rotary_store(x: torch.Tensor, qkv_weight: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                     slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
+                     head_dim: int, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                     block_n: int | None = None, num_warps: int | None = None):
+    """The attention input projection of decode rows: q = rotary(prologue(x) @ Wq^T + bq) is
+    returned ([M, heads * head_dim]); k (rotated) and v go straight to the caches at
+    ``slot_mapping``. ``cos``/``sin``: [M, head_dim] rows (halves repeated, as the table is).
+    With ``residual``, returns ``(q, x + residual)``."""
+    M = x.shape[0]
+    if k_cache.stride(2) != 1 or k_cache.stride() != v_cache.stride():
+        raise ValueError("k_cache and v_cache must share one layout with unit stride along head_dim")
+    cos2, sin2 = cos.reshape(M, head_dim), sin.reshape(M, head_dim)
+    if cos2.stride(-1) != 1 or sin2.stride(-1) != 1 or cos2.stride(0) != sin2.stride(0):
+        cos2, sin2 = cos2.contiguous(), sin2.contiguous()
+    q = torch.empty(M, num_heads * head_dim, dtype=x.dtype, device=x.device)
+    residual_out = torch.empty_like(x) if residual is not None else None
+    half = head_dim // 2
+    heads = num_heads + 2 * num_kv_heads
+    if half % 4:
+        raise ValueError(f"head_dim {head_dim}: the fused projection needs a multiple of 8")
+    block_n = block_n or 4  # pairs of columns per program
+    _launch(x, qkv_weight, bias, q, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight, eps=eps,
+            residual_out=residual_out, epilogue=EPILOGUE_ROTARY_KV, columns=heads * head_dim, block_n=block_n, num_warps=num_warps,
+            rotary=(cos2, sin2, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim))
+    return q if residual is None else (q, residual_out)
+

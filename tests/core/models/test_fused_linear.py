@@ -1,0 +1,124 @@
+"""The fused decode-row kernels (``kernels.fused_linear``) against the torch ops they replace,
+and an engine whose decode steps run them against one that does not.
+
+Like test_triton_kernels.py, they run on CPU tensors in float32 under ``TRITON_INTERPRET=1`` (the
+suite does that in a subprocess, see test_backend_selection.py) and on CUDA in bfloat16.
+"""
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omni_core.models import Qwen2ForCausalLM, TritonPagedBackend, kernels, random_init
+from omni_core.models.attention import store_kv
+from omni_core.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if INTERPRET:
+    DEVICE, DTYPE = "cpu", torch.float32
+elif torch.cuda.is_available() and kernels.triton_available():
+    DEVICE, DTYPE = "cuda", torch.bfloat16
+else:
+    DEVICE = DTYPE = None
+
+pytestmark = pytest.mark.skipif(DEVICE is None, reason="needs TRITON_INTERPRET=1 (run by test_backend_selection.py) or CUDA with triton")
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+ROWS = [1, 2, 5]
+
+
+def randn(*shape):
+    return torch.randn(*shape, device=DEVICE, dtype=DTYPE)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def norm_of(size):
+    norm = RMSNorm(size, eps=1e-6).to(DEVICE, DTYPE).requires_grad_(False)
+    norm.weight.normal_(1, 0.2)
+    return norm
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_linear_plain_and_after_norm(rows):
+    # K and N not multiples of the tiles: masked edges
+    K, N = 96, 40
+    x, residual, weight, bias = randn(rows, K), randn(rows, K), randn(N, K), randn(N)
+    torch.testing.assert_close(kernels.skinny_linear(x, weight), F.linear(x, weight), **TOL[DTYPE])
+    torch.testing.assert_close(kernels.skinny_linear(x, weight, bias), F.linear(x, weight, bias), **TOL[DTYPE])
+    norm = norm_of(K)
+    torch.testing.assert_close(kernels.skinny_linear(x, weight, norm_weight=norm.weight, eps=norm.eps), F.linear(norm(x), weight), **TOL[DTYPE])
+    out, total = kernels.skinny_linear(x, weight, residual=residual, norm_weight=norm.weight, eps=norm.eps)
+    ref_normed, ref_total = norm(x, residual)
+    torch.testing.assert_close(total, ref_total, **TOL[DTYPE])
+    torch.testing.assert_close(out, F.linear(ref_normed, weight), **TOL[DTYPE])
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_gated_linear(rows):
+    K, inter = 64, 72
+    x, residual, gate_up = randn(rows, K), randn(rows, K), randn(2 * inter, K) * 0.2
+    norm = norm_of(K)
+    act, total = kernels.skinny_gated_linear(x, gate_up, residual, norm.weight, norm.eps)
+    ref_normed, ref_total = norm(x, residual)
+    gate, up = F.linear(ref_normed, gate_up).chunk(2, dim=-1)
+    torch.testing.assert_close(total, ref_total, **TOL[DTYPE])
+    torch.testing.assert_close(act, F.silu(gate) * up, **TOL[DTYPE])
+    torch.testing.assert_close(kernels.skinny_gated_linear(x, gate_up), kernels.silu_mul(F.linear(x, gate_up)), **TOL[DTYPE])
+
+
+@pytest.mark.parametrize("first_layer", [True, False])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (4, 2, 32)] if INTERPRET else [(4, 2, 16), (14, 2, 64), (16, 8, 128)])
+def test_qkv_rotary_store(heads, kv_heads, dim, first_layer):
+    T, hidden = 5, 48
+    positions = torch.tensor([0, 3, 17, 100, 255], device=DEVICE)
+    cos, sin = RotaryEmbedding(dim, 256, 10000.0).to(DEVICE).table(positions, DTYPE)
+    weight, bias = randn((heads + 2 * kv_heads) * dim, hidden) * 0.2, randn((heads + 2 * kv_heads) * dim)
+    x, residual = randn(T, hidden), randn(T, hidden)
+    norm = norm_of(hidden)
+    slots = torch.tensor([3, 40, 41, 0, 63], device=DEVICE)
+    k_cache, v_cache = torch.zeros(2, 64, kv_heads, dim, device=DEVICE, dtype=DTYPE)
+    if first_layer:
+        q = kernels.qkv_rotary_store(x, weight, bias, cos, sin, slots, k_cache, v_cache, heads, kv_heads, dim, norm_weight=norm.weight, eps=norm.eps)
+        normed = norm(x)
+    else:
+        q, total = kernels.qkv_rotary_store(x, weight, bias, cos, sin, slots, k_cache, v_cache, heads, kv_heads, dim, residual, norm.weight, norm.eps)
+        normed, ref_total = norm(x, residual)
+        torch.testing.assert_close(total, ref_total, **TOL[DTYPE])
+    ref_q, ref_k, ref_v = F.linear(normed, weight, bias).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    ref_q, ref_k = apply_rotary(ref_q.view(T, heads, dim), ref_k.view(T, kv_heads, dim), (cos, sin))
+    ref_k_cache, ref_v_cache = torch.zeros(2, 64, kv_heads, dim, device=DEVICE, dtype=DTYPE)
+    store_kv(ref_k, ref_v.view(T, kv_heads, dim), ref_k_cache, ref_v_cache, slots)
+    torch.testing.assert_close(q.view(T, heads, dim), ref_q, **TOL[DTYPE])
+    torch.testing.assert_close(k_cache, ref_k_cache, **TOL[DTYPE])
+    torch.testing.assert_close(v_cache, ref_v_cache, **TOL[DTYPE])
+
+
+def test_head_dim_the_fused_projection_cannot_tile_is_refused():
+    assert not kernels.fuses_qkv_rotary(12) and kernels.fuses_qkv_rotary(16) and kernels.fuses_qkv_rotary(64)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        caches = torch.zeros(2, 8, 1, 12, device=DEVICE, dtype=DTYPE)
+        kernels.qkv_rotary_store(randn(1, 8), randn(36, 8), None, randn(1, 12), randn(1, 12), torch.zeros(1, dtype=torch.long, device=DEVICE), caches[0], caches[1], 1, 1, 12)
+
+
+def test_engine_decode_with_fused_rows_matches_without():
+    config = SimpleNamespace(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+    )
+    model = random_init(Qwen2ForCausalLM(config), seed=0, std=0.08).to(DEVICE, DTYPE).eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in ((3, 21) if INTERPRET else (3, 70))]
+    params = SamplingParams(temperature=0, max_tokens=3 if INTERPRET else 24, ignore_eos=True)
+    engine_config = dict(block_size=16, num_kv_blocks=64, cuda_graph_sizes=(1, 2, 4, 8))
+    ref = AREngine(model, EngineConfig(**engine_config, attention_backend=TritonPagedBackend(num_splits=2, fused_rows=False)), device=DEVICE).generate(prompts, params)
+    engine = AREngine(model, EngineConfig(**engine_config, attention_backend=TritonPagedBackend(num_splits=2)), device=DEVICE)
+    out = engine.generate(prompts, params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
