@@ -126,7 +126,14 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[int], list[int], dict[int, dict[str, Any]]]:
         """Returns (indices of sequences that sampled, their tokens, per-sequence step tensors by batch index)."""
-        ids, positions, embeds, meta, query_lens = self._prepare(seqs, is_prefill)
+        capture = frozenset(layer for s in seqs for layer in s.hidden_layers)
+        graph_key = None
+        if self.graphs and not is_prefill and not capture:
+            graph_key = self._graph_key(len(seqs), max(len(s.block_table) for s in seqs))
+        if graph_key is not None:
+            ids, positions, embeds, meta, query_lens = self._prepare_graph_decode(seqs, graph_key)
+        else:
+            ids, positions, embeds, meta, query_lens = self._prepare(seqs, is_prefill)
         if is_prefill:
             sample_index = [b for b, s in enumerate(seqs) if s.num_computed_tokens + s.num_scheduled_tokens == len(s)]
         else:
@@ -135,12 +142,10 @@ class ModelRunner:
         before = self.hooks.get("before_prefill" if is_prefill else "before_decode")
         if before is not None:
             before(batch)
-        capture = frozenset(layer for s in seqs for layer in s.hidden_layers)
         extras = [s.extras for s in seqs]
         logits = hidden_last = None
-        graph_key = self._graph_key(len(seqs), meta.block_tables.shape[1]) if not is_prefill and not capture else None
         if graph_key is not None:
-            hidden_last, logits = self._replay(graph_key, batch.input_embeds, positions, meta, len(seqs))
+            hidden_last, logits = self._replay(graph_key, batch.input_embeds, len(seqs))
             captured = {}
         else:
             ctx = ForwardContext(meta, self.backend, self.kv_caches, is_prefill, extras, query_lens, capture)
@@ -214,15 +219,59 @@ class ModelRunner:
         return None
 
     def _static_inputs(self, size: int, width: int) -> dict[str, torch.Tensor]:
+        """A graph's inputs. The integer ones are views of one buffer (``index``: positions, slots,
+        context lengths, token ids, then the block-table rows) that a step fills with one copy
+        from its pinned host twin (``host_index``)."""
         dev, hidden = self.device, self.model.hidden_size
+        index = torch.zeros(4 * size + size * width, dtype=torch.int64, device=dev)
+        positions, slots, context_lens, ids = index[: 4 * size].view(4, size).unbind(0)
+        slots.fill_(self.scratch_slot)
+        context_lens.fill_(1)
         return {
             "embeds": torch.zeros(size, hidden, dtype=self.dtype, device=dev),
-            "positions": torch.zeros(size, dtype=torch.int64, device=dev),
-            "slots": torch.full((size,), self.scratch_slot, dtype=torch.int64, device=dev),
-            "block_tables": torch.zeros(size, width, dtype=torch.int64, device=dev),
-            "context_lens": torch.ones(size, dtype=torch.int64, device=dev),
+            "index": index,
+            "host_index": torch.zeros(index.shape, dtype=torch.int64, pin_memory=True),
+            "positions": positions,
+            "slots": slots,
+            "context_lens": context_lens,
+            "ids": ids,
+            "block_tables": index[4 * size :].view(size, width),
             "query_lens": torch.ones(size, dtype=torch.int64, device=dev),
         }
+
+    def _prepare_graph_decode(self, seqs: list[Sequence], key: tuple[int, int]):
+        """``_prepare`` for a decode step that replays the graph ``key``: the step's integers go
+        straight into the graph's input buffer, padding rows included, in one host-to-device copy."""
+        _, st = self.graphs[key]
+        size, width = key
+        n, bs = len(seqs), self.block_size
+        pad = size - n
+        context_lens = [s.num_computed_tokens + s.num_scheduled_tokens for s in seqs]
+        positions = [c - 1 for c in context_lens]
+        slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions, strict=True)]
+        ids = [s.token_ids[p] for s, p in zip(seqs, positions, strict=True)]
+        host = st["host_index"]
+        # padding rows: position 0, the scratch slot, context 1, token 0
+        host[: 4 * size] = torch.tensor(positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad + ids + [0] * pad)
+        # block-table entries past a row's length are never read (nor a padding row's past its
+        # first): they may keep earlier steps' block ids, so only the used part is written
+        used = max(len(s.block_table) for s in seqs)
+        tables = host[4 * size :].view(size, width)
+        tables[:n, :used] = torch.tensor([s.block_table + [0] * (used - len(s.block_table)) for s in seqs])
+        # one copy; the step's token sync (tolist) orders the next step's reuse of the host buffer
+        end = 4 * size + n * width
+        st["index"][:end].copy_(host[:end], non_blocking=True)
+        meta = AttentionMetadata(
+            slot_mapping=st["slots"][:n],
+            block_tables=st["block_tables"][:n],
+            context_lens=st["context_lens"][:n],
+            query_lens=st["query_lens"][:n],
+            max_query_len=1,
+            block_size=bs,
+        )
+        meta.host_query_lens, meta.host_context_lens = [1] * n, context_lens
+        ids_t = st["ids"][:n]
+        return ids_t, st["positions"][:n], self.model.embed(ids_t), meta, [1] * n
 
     @torch.inference_mode()
     def _capture_graphs(self, sizes: list[int], widths: list[int]) -> None:
@@ -249,16 +298,10 @@ class ModelRunner:
             self.graphs[(size, width)] = (graph, st)
         torch.cuda.synchronize(self.device)
 
-    def _replay(self, key: tuple[int, int], embeds, positions, meta: AttentionMetadata, batch_size: int):
+    def _replay(self, key: tuple[int, int], embeds, batch_size: int):
+        """Replays graph ``key`` (its integer inputs were filled by ``_prepare_graph_decode``)."""
         graph, st = self.graphs[key]
         n = batch_size
         st["embeds"][:n].copy_(embeds)
-        st["positions"][:n].copy_(positions)
-        st["slots"].fill_(self.scratch_slot)
-        st["slots"][:n].copy_(meta.slot_mapping)
-        st["block_tables"].zero_()
-        st["block_tables"][:n, : meta.block_tables.shape[1]].copy_(meta.block_tables)
-        st["context_lens"].fill_(1)
-        st["context_lens"][:n].copy_(meta.context_lens)
         graph.replay()
         return st["hidden"][:n], st["logits"][:n]
