@@ -122,6 +122,30 @@ def kernels_per_decode_step(engine: AREngine, context: int, vocab: int) -> int:
     return sum(1 for n in names if not n.startswith(("Memcpy", "Memset")))
 
 
+def host_profile(engine: AREngine, context: int, steps: int, vocab: int, top: int = 25) -> None:
+    """cProfile of ``steps`` decode steps of one sequence: the host's share of a step, by function."""
+    import cProfile
+    import pstats
+
+    engine.add_request(EngineRequest("profile", prompt_token_ids=list(range(1, context + 1)), params=SamplingParams(temperature=0, max_tokens=steps + 20, ignore_eos=True)))
+    while engine.scheduler.waiting or engine.scheduler.prefilling:
+        engine.step()
+    for _ in range(5):
+        engine.step()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        engine.step()
+    profiler.disable()
+    engine.abort("profile")
+    print(f"\nhost profile of {steps} decode steps at batch 1 (tottime per step, top {top}):")
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    for (path, line, func), (_, ncalls, tottime, cumtime, _) in rows:
+        print(f"  {tottime / steps * 1e6:8.1f} us  {cumtime / steps * 1e6:8.1f} us cum  {ncalls / steps:5.1f}/step  {path.split('/')[-1]}:{line}({func})")
+
+
 def time_cuda_ms(fn, iters: int = 100) -> float:
     for _ in range(3):
         fn()
@@ -178,12 +202,13 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=6761)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--throughput-batches", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--attention", nargs="+", default=["sdpa", "triton"], choices=["sdpa", "triton"])
+    parser.add_argument("--attention", nargs="+", default=["sdpa", "triton"], choices=["sdpa", "triton-unfused", "triton"])
+    parser.add_argument("--host-profile", type=int, metavar="N", help="also profile N engine steps at batch 1 (graphs, last backend) and print where the host time goes")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s (read + write)")
-    if "triton" in args.attention:
+    if any(a.startswith("triton") for a in args.attention):
         print()
         try:
             decode_attention_kernel_table(args.batches, args.context)
@@ -227,6 +252,8 @@ def main() -> None:
                 graph, replay = decode_step_ms(engines[backend, "graphs"], b, args.context, args.steps, args.vocab)
                 replay_s = f"{replay:.3f}" if replay is not None else "-"
                 print(f"| {b} | {backend} | {roof:.3f} | {eager:.3f} | {graph:.3f} | {replay_s} | {100 * roof / graph:.0f}% |", flush=True)
+        if args.host_profile:
+            host_profile(engines[args.attention[-1], "graphs"], args.context, args.host_profile, args.vocab)
         print()
         names = " | ".join(f"{backend} (graphs) tok/s" for backend in args.attention)
         print(f"| batch | prompt | new tokens | {names} | transformers generate tok/s | {args.attention[-1]} / transformers |")
