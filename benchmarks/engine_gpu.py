@@ -50,17 +50,21 @@ def make_checkpoint(path: str, vocab: int) -> transformers.PreTrainedModel:
     return model
 
 
-def decode_step_ms(engine: AREngine, batch: int, context: int, steps: int, vocab: int) -> tuple[float, float | None]:
-    """(engine.step() ms, model-only graph replay ms or None) at ``batch`` running sequences."""
-    gen = torch.Generator().manual_seed(batch)
-    for i in range(batch):
-        prompt = torch.randint(0, vocab, (context,), generator=gen).tolist()
-        engine.add_request(EngineRequest(f"b{batch}-{i}", prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=steps + 20, ignore_eos=True)))
+def start_decoding(engine: AREngine, prompts: dict[str, list[int]], steps: int) -> None:
+    """Adds greedy requests of ``steps`` + 20 tokens, runs their prefill and 5 warm-up decode steps."""
+    for rid, prompt in prompts.items():
+        engine.add_request(EngineRequest(rid, prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=steps + 20, ignore_eos=True)))
     while engine.scheduler.waiting or engine.scheduler.prefilling:
         engine.step()
     for _ in range(5):
         engine.step()
     torch.cuda.synchronize()
+
+
+def decode_step_ms(engine: AREngine, batch: int, context: int, steps: int, vocab: int) -> tuple[float, float | None]:
+    """(engine.step() ms, model-only graph replay ms or None) at ``batch`` running sequences."""
+    gen = torch.Generator().manual_seed(batch)
+    start_decoding(engine, {f"b{batch}-{i}": torch.randint(0, vocab, (context,), generator=gen).tolist() for i in range(batch)}, steps)
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()
@@ -127,12 +131,7 @@ def host_profile(engine: AREngine, context: int, steps: int, vocab: int, top: in
     import cProfile
     import pstats
 
-    engine.add_request(EngineRequest("profile", prompt_token_ids=list(range(1, context + 1)), params=SamplingParams(temperature=0, max_tokens=steps + 20, ignore_eos=True)))
-    while engine.scheduler.waiting or engine.scheduler.prefilling:
-        engine.step()
-    for _ in range(5):
-        engine.step()
-    torch.cuda.synchronize()
+    start_decoding(engine, {"profile": list(range(1, context + 1))}, steps)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(steps):

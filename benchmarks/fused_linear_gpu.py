@@ -18,8 +18,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 from omni_core.models import kernels
-from omni_core.models.kernels import launch
-from omni_core.models.kernels import fused_linear
+from omni_core.models.kernels import fused_linear, launch
 
 HIDDEN, INTER, HEADS, KV_HEADS, DIM = 896, 4864, 14, 2, 64
 CALLS = 24
@@ -43,6 +42,45 @@ def graph_us(fn) -> float:
     return start.elapsed_time(end) * 1e3 / (20 * CALLS)
 
 
+def cases(rows: int, w: dict[str, torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Tensor) -> dict:
+    """{projection: (torch ops, fused(block_n, num_warps), weight bytes)} at ``rows`` rows."""
+    dev, dt = w["norm"].device, w["norm"].dtype
+    x, residual = torch.randn(2, rows, HIDDEN, device=dev, dtype=dt)
+    cos, sin = torch.randn(2, rows, DIM, device=dev, dtype=dt)
+    slots = torch.arange(rows, device=dev)
+    attn_out = torch.randn(rows, HEADS * DIM, device=dev, dtype=dt)
+    act = torch.randn(rows, INTER, device=dev, dtype=dt)
+
+    def qkv_torch():
+        normed, _ = kernels.rms_norm(x, w["norm"], 1e-6, residual)
+        q, k, v = F.linear(normed, w["qkv"], w["qkv_bias"]).split([HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM], dim=-1)
+        kernels.rotary_store_kv(q.view(rows, HEADS, DIM), k.view(rows, KV_HEADS, DIM), v.view(rows, KV_HEADS, DIM), cos, sin, k_cache, v_cache, slots)
+
+    def qkv_fused(block_n=None, num_warps=None):
+        fused_linear.qkv_rotary_store(x, w["qkv"], w["qkv_bias"], cos, sin, slots, k_cache, v_cache, HEADS, KV_HEADS, DIM, residual, w["norm"], 1e-6,
+                                      block_n=block_n, num_warps=num_warps)
+
+    def gate_up_torch():
+        normed, _ = kernels.rms_norm(x, w["norm"], 1e-6, residual)
+        kernels.silu_mul(F.linear(normed, w["gate_up"]))
+
+    def gate_up_fused(block_n=None, num_warps=None):
+        fused_linear.gated_linear(x, w["gate_up"], residual, w["norm"], 1e-6, block_n=block_n, num_warps=num_warps)
+
+    def o_fused(block_n=None, num_warps=None):
+        fused_linear.linear(attn_out, w["o"], block_n=block_n, num_warps=num_warps)
+
+    def down_fused(block_n=None, num_warps=None):
+        fused_linear.linear(act, w["down"], block_n=block_n, num_warps=num_warps)
+
+    return {
+        "norm + qkv + rotary + cache write": (qkv_torch, qkv_fused, w["qkv"].numel() * 2),
+        "o_proj": (lambda: F.linear(attn_out, w["o"]), o_fused, w["o"].numel() * 2),
+        "norm + gate_up + SiLU gate": (gate_up_torch, gate_up_fused, w["gate_up"].numel() * 2),
+        "down_proj": (lambda: F.linear(act, w["down"]), down_fused, w["down"].numel() * 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -51,12 +89,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
-    qkv_w = torch.randn((HEADS + 2 * KV_HEADS) * DIM, HIDDEN, device=dev, dtype=dt) * 0.02
-    qkv_b = torch.randn((HEADS + 2 * KV_HEADS) * DIM, device=dev, dtype=dt) * 0.02
-    o_w = torch.randn(HIDDEN, HEADS * DIM, device=dev, dtype=dt) * 0.02
-    gate_up_w = torch.randn(2 * INTER, HIDDEN, device=dev, dtype=dt) * 0.02
-    down_w = torch.randn(HIDDEN, INTER, device=dev, dtype=dt) * 0.02
-    norm_w = torch.ones(HIDDEN, device=dev, dtype=dt)
+    weights = {
+        "qkv": torch.randn((HEADS + 2 * KV_HEADS) * DIM, HIDDEN, device=dev, dtype=dt) * 0.02,
+        "qkv_bias": torch.randn((HEADS + 2 * KV_HEADS) * DIM, device=dev, dtype=dt) * 0.02,
+        "o": torch.randn(HIDDEN, HEADS * DIM, device=dev, dtype=dt) * 0.02,
+        "gate_up": torch.randn(2 * INTER, HIDDEN, device=dev, dtype=dt) * 0.02,
+        "down": torch.randn(HIDDEN, INTER, device=dev, dtype=dt) * 0.02,
+        "norm": torch.ones(HIDDEN, device=dev, dtype=dt),
+    }
     k_cache, v_cache = torch.zeros(2, 4096, KV_HEADS, DIM, device=dev, dtype=dt)
     pdl = launch.launch_options(torch.device(dev))
     print(f"device: {torch.cuda.get_device_name()}; microseconds per call (weight GB/s), {CALLS} calls per graph; programmatic dependent launch {pdl}")
@@ -64,34 +104,7 @@ def main() -> None:
     print("| projection | rows | torch ops | fused (defaults) | " + " | ".join(f"tile {b}, {w} warps" for b, w in tiles) + " |")
     print("| --- " * (4 + len(tiles)) + "|")
     for rows in args.rows:
-        x, residual = torch.randn(2, rows, HIDDEN, device=dev, dtype=dt)
-        cos, sin = torch.randn(2, rows, DIM, device=dev, dtype=dt)
-        slots = torch.arange(rows, device=dev)
-        attn_out = torch.randn(rows, HEADS * DIM, device=dev, dtype=dt)
-        act = torch.randn(rows, INTER, device=dev, dtype=dt)
-
-        def qkv_torch():
-            normed, _ = kernels.rms_norm(x, norm_w, 1e-6, residual)
-            q, k, v = F.linear(normed, qkv_w, qkv_b).split([HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM], dim=-1)
-            kernels.rotary_store_kv(q.view(rows, HEADS, DIM), k.view(rows, KV_HEADS, DIM), v.view(rows, KV_HEADS, DIM), cos, sin, k_cache, v_cache, slots)
-
-        def gate_up_torch():
-            normed, _ = kernels.rms_norm(x, norm_w, 1e-6, residual)
-            kernels.silu_mul(F.linear(normed, gate_up_w))
-
-        cases = {
-            "norm + qkv + rotary + cache write": (
-                qkv_torch,
-                lambda b=None, w=None: fused_linear.qkv_rotary_store(x, qkv_w, qkv_b, cos, sin, slots, k_cache, v_cache, HEADS, KV_HEADS, DIM, residual, norm_w, 1e-6, block_n=b, num_warps=w),
-                qkv_w.numel() * 2,
-            ),
-            "o_proj": (lambda: F.linear(attn_out, o_w), lambda b=None, w=None: fused_linear.linear(attn_out, o_w, block_n=b, num_warps=w), o_w.numel() * 2),
-            "norm + gate_up + SiLU gate": (
-                gate_up_torch, lambda b=None, w=None: fused_linear.gated_linear(x, gate_up_w, residual, norm_w, 1e-6, block_n=b, num_warps=w), gate_up_w.numel() * 2,
-            ),
-            "down_proj": (lambda: F.linear(act, down_w), lambda b=None, w=None: fused_linear.linear(act, down_w, block_n=b, num_warps=w), down_w.numel() * 2),
-        }
-        for name, (ref, fused, nbytes) in cases.items():
+        for name, (ref, fused, nbytes) in cases(rows, weights, k_cache, v_cache).items():
             cells = []
             for fn in [ref, fused] + [(lambda b=b, w=w, fused=fused: fused(b, w)) for b, w in tiles]:
                 try:

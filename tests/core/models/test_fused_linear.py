@@ -5,7 +5,6 @@ Like test_triton_kernels.py, they run on CPU tensors in float32 under ``TRITON_I
 suite does that in a subprocess, see test_backend_selection.py) and on CUDA in bfloat16.
 """
 
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -16,17 +15,9 @@ from omni_core.models.attention import store_kv
 from omni_core.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
 from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if INTERPRET:
-    DEVICE, DTYPE = "cpu", torch.float32
-elif torch.cuda.is_available() and kernels.triton_available():
-    DEVICE, DTYPE = "cuda", torch.bfloat16
-else:
-    DEVICE = DTYPE = None
+from tests.helpers.triton_target import DEVICE, DTYPE, INTERPRET, TOL, requires_triton_target
 
-pytestmark = pytest.mark.skipif(DEVICE is None, reason="needs TRITON_INTERPRET=1 (run by test_backend_selection.py) or CUDA with triton")
-
-TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+pytestmark = requires_triton_target
 ROWS = [1, 2, 5]
 
 

@@ -4,7 +4,6 @@ They run where Triton can: on CPU tensors in float32 under ``TRITON_INTERPRET=1`
 that in a subprocess, see test_backend_selection.py) and on CUDA in bfloat16; elsewhere they skip.
 """
 
-import os
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -16,18 +15,9 @@ from omni_core.models.attention import store_kv
 from omni_core.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 from omni_core.scheduler import AREngine, ARHooks, EngineConfig, SamplingParams
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if INTERPRET:
-    DEVICE, DTYPE = "cpu", torch.float32
-elif torch.cuda.is_available() and kernels.triton_available():
-    DEVICE, DTYPE = "cuda", torch.bfloat16
-else:
-    DEVICE = DTYPE = None
+from tests.helpers.triton_target import DEVICE, DTYPE, INTERPRET, TOL, requires_triton_target
 
-pytestmark = pytest.mark.skipif(DEVICE is None, reason="needs TRITON_INTERPRET=1 (run by test_backend_selection.py) or CUDA with triton")
-
-# bfloat16 results round once in the kernels and once or twice per op in torch
-TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+pytestmark = requires_triton_target
 
 
 def randn(*shape, dtype=None):
