@@ -23,3 +23,28 @@ def test_graph_decode_matches_eager(tiny_checkpoint):
     a = graphed_engine.generate(prompts[:3], sampled)
     b = AREngine(model, EngineConfig(block_size=16, num_kv_blocks=64, cuda_graphs=False), device="cuda").generate(prompts[:3], sampled)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+class ScaledDecodeEmbeddings:
+    """A ``before_decode`` hook that changes the step's input embeddings (as TTS talkers do)."""
+
+    def before_decode(self, batch):
+        batch.input_embeds.mul_(1.5)
+
+
+def test_graph_decode_with_an_embedding_hook_matches_eager(tiny_checkpoint):
+    # with such a hook the graph takes the embeddings as input instead of looking them up itself
+    from omni_core.models import load_causal_lm
+
+    model = load_causal_lm(tiny_checkpoint[1], device="cuda", dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (4, 30)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    config = dict(block_size=16, num_kv_blocks=64, cuda_graph_sizes=(1, 2))
+    eager = AREngine(model, EngineConfig(**config, cuda_graphs=False), hooks=ScaledDecodeEmbeddings(), device="cuda").generate(prompts, params)
+    engine = AREngine(model, EngineConfig(**config), hooks=ScaledDecodeEmbeddings(), device="cuda")
+    assert engine.runner.graphs and not engine.runner.embed_in_graph
+    graphed = engine.generate(prompts, params)
+    assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]
+    plain = AREngine(model, EngineConfig(**config), device="cuda").generate(prompts, params)
+    assert [o.token_ids for o in plain] != [o.token_ids for o in eager]  # the hook did change the run
