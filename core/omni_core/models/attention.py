@@ -65,8 +65,10 @@ class AttentionBackend(Protocol):
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
-    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
+    if k.dtype != k_cache.dtype:  # checked here: a no-op .to() still costs a dispatch per layer
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+    k_cache.index_copy_(0, slots, k)
+    v_cache.index_copy_(0, slots, v)
 
 
 class SdpaBackend:
@@ -126,7 +128,8 @@ class SdpaBackend:
     def attend(self, q, k, v, k_cache, v_cache, meta, scale):
         """Attention once the step's K/V are in the cache (``prepare(meta)`` ran for this step)."""
         if "decode_plan" in meta.cache:
-            return grouped_decode(q, k_cache, v_cache, meta.cache["decode_plan"], scale).to(q.dtype)
+            out = grouped_decode(q, k_cache, v_cache, meta.cache["decode_plan"], scale)
+            return out if out.dtype == q.dtype else out.to(q.dtype)
         if "seq_slots" in meta.cache:
             return self._forward_per_sequence(q, k, v, k_cache, v_cache, meta, scale)
         kv_slots = meta.cache["kv_slots"]

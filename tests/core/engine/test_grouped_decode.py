@@ -63,15 +63,32 @@ def test_plan_groups_by_length_and_masks_only_padding():
     lens = [9, 2, 30, 3, 16]
     tables = torch.arange(5 * 8).view(5, 8)
     plan = plan_decode_groups(tables, lens, BLOCK, group_size=2)
-    assert [g.rows.tolist() for g in plan.groups] == [[1, 3], [0, 4], [2]]
+    assert plan.order.tolist() == [1, 3, 0, 4, 2]  # sorted by context length
+    assert torch.equal(plan.order[plan.inverse], torch.arange(5))
+    assert [(g.start, g.size) for g in plan.groups] == [(0, 2), (2, 2), (4, 1)]
     assert [g.length for g in plan.groups] == [4, 16, 32]
     assert [g.longest for g in plan.groups] == [3, 16, 30]
-    assert plan.groups[0].blocks.tolist() == [8, 24]
-    first = plan.groups[0].mask[:, 0, 0]
-    assert first.tolist() == [[True, True, False], [True, True, True]]
-    assert plan.groups[2].mask is None  # one sequence: its keys are cut to its length, no mask
-    assert torch.equal(torch.tensor(lens).index_select(0, torch.cat([g.rows for g in plan.groups]))[plan.order], torch.tensor(lens))
+    assert plan.groups[0].blocks.tolist() == [8, 24]  # block 0 of rows 1 and 3
+    assert plan.groups[1].blocks.tolist() == [0, 1, 2, 3, 32, 33, 34, 35]  # the group's longest (16 tokens) is 4 blocks
+    assert [g.padded for g in plan.groups] == [True, True, False]  # one sequence: its keys are cut to its length
+    assert plan.padding[0, :3].tolist() == [False, False, True]  # the 2-token row of the first group
     assert plan_decode_groups(tables, sorted(lens), BLOCK, group_size=2).order is None  # already in order: no reordering
+
+
+def test_layers_reuse_the_steps_views_and_masks():
+    """The first layer makes the gather targets and masks; later layers of the step reuse them."""
+    step = _decode_step([1, 37, 2, 16, 9, 30, 3, 22], 4, 2)
+    q, k, v, k_cache, v_cache, meta = step
+    backend = SdpaBackend()
+    backend.prepare(meta)
+    plan = meta.cache["decode_plan"]
+    first = backend.forward(q, k, v, k_cache, v_cache, meta, 0.5)
+    views = [t.data_ptr() for entry in plan.steps for t in entry if t is not None]
+    masks = [entry[4] for entry in plan.steps]
+    assert all(m is None or (m.dtype == k_cache.dtype and m.shape[:3] == (g.size, 1, 1)) for g, m in zip(plan.groups, masks, strict=True))
+    again = backend.forward(q, k, v, k_cache, v_cache, meta, 0.5)
+    assert [t.data_ptr() for entry in plan.steps for t in entry if t is not None] == views
+    torch.testing.assert_close(again, first)
 
 
 def test_engine_tokens_are_the_same_on_both_decode_paths(tiny_model):
