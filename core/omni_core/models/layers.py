@@ -67,13 +67,19 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated: ``x * cos + rotate_half(x) * sin`` (the references' arithmetic, bit for
+    bit), on q and k stacked along the heads so that each op runs once (a decode step's tensors
+    are small, and the ops' fixed cost dominates). Returns views of one [T, q + k heads, d] tensor."""
     cos, sin = rope
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    qk = torch.cat([q, k], dim=1)
+    out = qk * cos
+    out += _rotate_half(qk).mul_(sin)
+    return out.split([q.shape[1], k.shape[1]], dim=1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
 
 
 class GatedMLP(nn.Module):
