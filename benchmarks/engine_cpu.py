@@ -15,6 +15,8 @@ the time goes, by part of a step (model matmuls, attention, other model ops, bat
 sampling, scheduling). ``--attention`` times ``SdpaBackend``'s three decode paths alone (per
 sequence, grouped by context length, one padded batch) on a paged cache of the model's shape:
 one decode step (plan + all layers) for N sequences with contexts drawn from [16, 768].
+``engine_cpu_bound.py`` counts the work each side does on this workload and what ratio its
+matmuls alone allow.
 
     python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 1] [--repeats 3] [--profile 32] [--attention]
 """
@@ -109,7 +111,7 @@ def profile(engine: AREngine, n: int, vocab: int, seed: int) -> None:
 
 
 @torch.inference_mode()
-def time_decode_attention(args, sizes, block_size: int = 16, trials: int = 10) -> None:
+def time_decode_attention(args, sizes, block_size: int = 16, trials: int = 50) -> None:
     from omni_core.models import SdpaBackend
     from omni_core.models.attention import AttentionMetadata
 
