@@ -15,10 +15,12 @@ the time goes, by part of a step (model matmuls, attention, other model ops, bat
 sampling, scheduling). ``--attention`` times ``SdpaBackend``'s three decode paths alone (per
 sequence, grouped by context length, one padded batch) on a paged cache of the model's shape:
 one decode step (plan + all layers) for N sequences with contexts drawn from [16, 768].
+``--steps N`` times only our engine at concurrency N: seconds in prefill and in decode steps,
+median of ``--repeats`` runs (what alternating two checkouts of the code compares best).
 ``engine_cpu_bound.py`` counts the work each side does on this workload and what ratio its
 matmuls alone allow.
 
-    python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 1] [--repeats 3] [--profile 32] [--attention]
+    python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 1] [--repeats 3] [--profile 32] [--steps 32] [--attention]
 """
 
 from __future__ import annotations
@@ -110,6 +112,30 @@ def profile(engine: AREngine, n: int, vocab: int, seed: int) -> None:
         print(f"| {name} | {t / steps * 1e3:.2f} | {t / whole:.0%} |")
 
 
+def time_steps(engine: AREngine, n: int, args) -> None:
+    """Our engine alone: prefill and decode seconds of each run at concurrency n, and their medians."""
+    prompts, outputs = workload(n, args.seed + n, args.vocab)
+    runner, run = engine.runner, engine.runner.run
+    spent = {True: 0.0, False: 0.0}
+
+    def timed(seqs, is_prefill):
+        start = time.perf_counter()
+        try:
+            return run(seqs, is_prefill)
+        finally:
+            spent[is_prefill] += time.perf_counter() - start
+
+    runner.run = timed
+    runs = []
+    for _ in range(args.repeats):
+        spent[True] = spent[False] = 0.0
+        wall, _ = run_ours(engine, prompts, outputs)
+        runs.append((wall, spent[True], spent[False]))
+        print(f"concurrency {n}: {wall:.3f} s, prefill steps {spent[True]:.3f} s, decode steps {spent[False]:.3f} s", flush=True)
+    wall, prefill, decode = (statistics.median(r[i] for r in runs) for i in range(3))
+    print(f"median of {len(runs)}: {wall:.3f} s, prefill steps {prefill:.3f} s, decode steps {decode:.3f} s")
+
+
 @torch.inference_mode()
 def time_decode_attention(args, sizes, block_size: int = 16, trials: int = 50) -> None:
     from omni_core.models import SdpaBackend
@@ -160,6 +186,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", type=int, metavar="N", help="profile our engine at concurrency N instead")
+    parser.add_argument("--steps", type=int, metavar="N", help="time only our engine's prefill and decode steps at concurrency N")
     parser.add_argument("--attention", action="store_true", help="time the decode attention paths alone instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -174,6 +201,9 @@ def main() -> None:
         run_ours(engine, warm_prompts, [4, 4])
         if args.profile:
             profile(engine, args.profile, args.vocab, args.seed)
+            return
+        if args.steps:
+            time_steps(engine, args.steps, args)
             return
         run_transformers(hf, warm_prompts, [4, 4])
         print("| concurrent requests | output tokens | ours tok/s | transformers tok/s | ratio | ratio of CPU seconds |")
