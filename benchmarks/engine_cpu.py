@@ -174,16 +174,21 @@ def time_decode_attention(args, sizes, block_size: int = 16, trials: int = 50) -
         print(f"| {n} | " + " | ".join(f"{best[name] * 1e3:.2f}" for name in paths) + " |", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_workload_arguments(parser: argparse.ArgumentParser, threads: int) -> None:
+    """The model and workload options this benchmark shares with engine_cpu_bound.py."""
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=int, default=threads)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--seed", type=int, default=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_arguments(parser, torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", type=int, metavar="N", help="profile our engine at concurrency N instead")
     parser.add_argument("--steps", type=int, metavar="N", help="time only our engine's prefill and decode steps at concurrency N")

@@ -18,7 +18,7 @@ import argparse
 import time
 
 import torch
-from engine_cpu import workload
+from engine_cpu import add_workload_arguments, workload
 
 
 def linear_shapes(args) -> list[tuple[int, int]]:
@@ -60,14 +60,7 @@ def macs_per_token(args) -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--seed", type=int, default=0)
+    add_workload_arguments(parser, threads=1)
     parser.add_argument("--max-batched-tokens", type=int, default=4096, help="our engine's prefill step size (engine_cpu.py uses 4096)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
