@@ -75,7 +75,7 @@ def _input_row(x_ptr, res_ptr, norm_w_ptr, row, offs_k, M, K: tl.constexpr, stri
 def _skinny_linear_kernel(
     x_ptr, res_ptr, norm_w_ptr, w_ptr, bias_ptr, out_ptr, res_out_ptr,
     cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
-    M, K: tl.constexpr, n_tiles_cols, second_offset, eps,
+    M, K: tl.constexpr, n_cols, second_offset, eps,
     stride_xm, stride_rm, stride_rom, stride_wn, stride_om, stride_rope, stride_cache_slot, stride_cache_head,
     num_q_heads, num_kv_heads,
     PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -96,7 +96,7 @@ def _skinny_linear_kernel(
     else:
         rows_a = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rows_b = rows_a + second_offset
-        n_rows = n_tiles_cols
+        n_rows = n_cols
     if PDL:
         tl.extra.cuda.gdc_wait()  # x (and the residual) come from the previous kernel
 
