@@ -187,7 +187,8 @@ class ForwardContext:
     ``query_lens`` (a Python list) says how many packed tokens each sequence has this step.
     ``capture(index, hidden)`` records hidden states for requests that asked for that layer
     (index 0: input embeddings, i: output of decoder layer i, counting from 1). ``fused_ops``
-    says whether the backend wants the backbones' fused kernels (norms, activations).
+    says whether the backend wants the backbones' fused kernels (norms, activations), and
+    ``fused_decode_rows`` whether this step's layers run its fused projection kernels.
     """
 
     def __init__(
@@ -209,6 +210,9 @@ class ForwardContext:
         self.capture_layers = capture_layers
         self.captured: dict[int, torch.Tensor] = {}
         self.fused_ops = bool(getattr(backend, "fused_ops", False))
+        # decided once per step, read by every layer: whether the backend's fused decode-row kernels run
+        fuses_rows = getattr(backend, "fuses_decode_rows", None)
+        self.fused_decode_rows = self.fused_ops and fuses_rows is not None and fuses_rows(meta)
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``rope`` (each token's cos and sin rows, see ``RotaryEmbedding.table``) rotates q and k

@@ -53,10 +53,10 @@ class TritonPagedBackend:
             q = q.contiguous()
         return kernels.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.block_size, scale, self.num_splits)
 
-    def fuses_decode_rows(self, meta, rows: int) -> bool:
-        """Whether a decode step of ``rows`` sequences runs the fused projection kernels
-        (``kernels.fused_linear``): few rows, one query each."""
-        return self.fused_rows and meta.max_query_len == 1 and rows <= kernels.SKINNY_MAX_ROWS
+    def fuses_decode_rows(self, meta) -> bool:
+        """Whether the step ``meta`` describes runs the fused projection kernels
+        (``kernels.fused_linear``): a decode step (one query per sequence) of few sequences."""
+        return self.fused_rows and meta.max_query_len == 1 and meta.context_lens.shape[0] <= kernels.SKINNY_MAX_ROWS
 
 
 def resolve_attention_backend(choice, device: torch.device):

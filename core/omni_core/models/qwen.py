@@ -47,6 +47,8 @@ class QwenAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        # the fused decode projection (kernels.qkv_rotary_store) has no per-head q/k norm
+        self.fuses_decode = not qk_norm and kernels.fuses_qkv_rotary(self.head_dim)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext) -> torch.Tensor:
         T = x.shape[0]
@@ -58,9 +60,6 @@ class QwenAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         out = ctx.attention(self.layer_index, q, k, v, rope=rope)
         return self.o_proj(out.reshape(T, -1))
-
-    def fuses_decode(self) -> bool:
-        return self.q_norm is None and kernels.fuses_qkv_rotary(self.head_dim)
 
     def forward_decode(self, x, residual, norm: RMSNorm, rope, ctx: ForwardContext):
         """Decode rows with the fused kernels: norm (after the residual add) + q/k/v projection +
@@ -99,9 +98,8 @@ class QwenDecoderLayer(nn.Module):
         """Returns (this layer's last block output, the residual stream): the layer's output is
         their sum, left to the next norm, which adds it (one fused kernel on the fused path)."""
         fused = ctx.fused_ops
-        fuses_rows = getattr(ctx.backend, "fuses_decode_rows", None)
-        decode_kernels = fused and fuses_rows is not None and fuses_rows(ctx.meta, x.shape[0])
-        if decode_kernels and self.self_attn.fuses_decode():
+        decode_kernels = ctx.fused_decode_rows
+        if decode_kernels and self.self_attn.fuses_decode:
             x, residual = self.self_attn.forward_decode(x, residual, self.input_layernorm, rope, ctx)
         else:
             if residual is None:
