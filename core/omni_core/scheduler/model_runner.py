@@ -66,17 +66,8 @@ class ModelRunner:
         if max_q == 1:
             # one token per sequence (decode): every per-token list is per sequence, slots come
             # straight from the block tables, and all of it goes over in one tensor
-            positions = [c - 1 for c in context_lens]
-            rows = torch.tensor(
-                [
-                    [s.token_ids[p] for s, p in zip(seqs, positions, strict=True)],
-                    positions,
-                    [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions, strict=True)],
-                    context_lens,
-                    query_lens,
-                ],
-                dtype=torch.int64,
-            ).to(dev, non_blocking=True)
+            ids, positions, slots, _ = self._decode_rows(seqs)
+            rows = torch.tensor([ids, positions, slots, context_lens, query_lens], dtype=torch.int64).to(dev, non_blocking=True)
             ids_t, pos_t, slots, ctx_t, qlen_t = rows.unbind(0)
         else:
             ids: list[int] = []
@@ -111,6 +102,15 @@ class ModelRunner:
         if is_prefill:
             self._insert_prompt_embeds(seqs, embeds)
         return ids_t, pos_t, embeds, meta, query_lens
+
+    def _decode_rows(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int], list[int]]:
+        """(token ids, positions, cache slots, context lengths) of a decode step's one token per sequence."""
+        bs = self.block_size
+        context_lens = [s.num_computed_tokens + s.num_scheduled_tokens for s in seqs]
+        positions = [c - 1 for c in context_lens]
+        slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions, strict=True)]
+        ids = [s.token_ids[p] for s, p in zip(seqs, positions, strict=True)]
+        return ids, positions, slots, context_lens
 
     def _insert_prompt_embeds(self, seqs: list[Sequence], embeds: torch.Tensor) -> None:
         offset = 0
@@ -246,10 +246,7 @@ class ModelRunner:
         size, width = key
         n, bs = len(seqs), self.block_size
         pad = size - n
-        context_lens = [s.num_computed_tokens + s.num_scheduled_tokens for s in seqs]
-        positions = [c - 1 for c in context_lens]
-        slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions, strict=True)]
-        ids = [s.token_ids[p] for s, p in zip(seqs, positions, strict=True)]
+        ids, positions, slots, context_lens = self._decode_rows(seqs)
         host = st["host_index"]
         # padding rows: position 0, the scratch slot, context 1, token 0
         host[: 4 * size] = torch.tensor(positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad + ids + [0] * pad)
