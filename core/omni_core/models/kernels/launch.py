@@ -4,7 +4,7 @@ newer), and the multiprocessor count that sizes grids.
 With programmatic dependent launch a kernel may launch while the one before it is finishing; it
 waits (``gdc_wait``) before reading anything the earlier kernel writes, and lets its own
 successor launch (``gdc_launch_dependents``) once its main reads are done. ``OMNI_PDL=0`` turns
-it off (for comparison, or a driver that mishandles it); under ``TRITON_INTERPRET=1`` (the
+it off (read once per process; for comparison, or a driver that mishandles it); under ``TRITON_INTERPRET=1`` (the
 kernels on CPU tensors) it is always off.
 """
 
@@ -19,15 +19,12 @@ PDL_ENV = "OMNI_PDL"
 
 
 @functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
 def launch_options(device: torch.device) -> bool:
-    """Whether kernels on ``device`` launch with programmatic dependent launch."""
+    """Whether kernels on ``device`` launch with programmatic dependent launch (decided once per
+    device and process: every kernel launch asks)."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get(PDL_ENV) == "0":
         return False
-    return _capability(device)[0] >= 9
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @functools.cache
