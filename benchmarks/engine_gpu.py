@@ -74,15 +74,7 @@ def decode_step_ms(engine: AREngine, batch: int, context: int, steps: int, vocab
     width = max(len(s.block_table) for s in engine.scheduler.running)
     key = engine.runner._graph_key(batch, width)
     if key is not None:
-        graph = engine.runner.graphs[key][0]
-        graph.replay()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(50):
-            graph.replay()
-        e.record()
-        torch.cuda.synchronize()
-        replay_ms = s.elapsed_time(e) / 50
+        replay_ms = time_cuda_ms(engine.runner.graphs[key][0].replay, iters=50)
     for rid in list(engine.requests):
         engine.abort(rid)
     return step_ms, replay_ms

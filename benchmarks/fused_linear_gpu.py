@@ -17,6 +17,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from engine_gpu import time_cuda_ms  # beside this script
 from omni_core.models import kernels
 from omni_core.models.kernels import fused_linear, launch
 
@@ -32,14 +33,7 @@ def graph_us(fn) -> float:
     with torch.cuda.graph(graph):
         for _ in range(CALLS):
             fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (20 * CALLS)
+    return time_cuda_ms(graph.replay, iters=20) * 1e3 / CALLS
 
 
 def cases(rows: int, w: dict[str, torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Tensor) -> dict:
