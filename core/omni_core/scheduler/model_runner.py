@@ -4,7 +4,8 @@ the logits of sampling sequences, hooks and sampling.
 The KV cache is one tensor ``[2, layers, (num_blocks + 1) * block_size, kv_heads, head_dim]``;
 the extra block is scratch that padded rows of a CUDA graph write into. On CUDA, decode steps of
 models that allow it replay CUDA graphs captured for a set of batch sizes (the batch is padded to
-the next captured size).
+the next captured size); a graph also looks up the tokens' embeddings (unless a ``before_decode``
+hook may replace them) and takes every row's argmax, which all-greedy batches use as their tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.hooks = hooks
+        # a decode graph looks its tokens' embeddings up itself unless a hook may replace them
+        self.embed_in_graph = "before_decode" not in hooks
         self.backend = resolve_attention_backend(backend, device)  # triton on CUDA when it imports, else sdpa
         self.sampler = Sampler()
         self.last_sampling: tuple[tuple[int, ...], SamplingTensors] | None = None  # (seq ids, their tensors)
@@ -143,9 +146,9 @@ class ModelRunner:
         if before is not None:
             before(batch)
         extras = [s.extras for s in seqs]
-        logits = hidden_last = None
+        logits = hidden_last = greedy = None
         if graph_key is not None:
-            hidden_last, logits = self._replay(graph_key, batch.input_embeds, len(seqs))
+            hidden_last, logits, greedy = self._replay(graph_key, batch.input_embeds, len(seqs))
             captured = {}
         else:
             ctx = ForwardContext(meta, self.backend, self.kv_caches, is_prefill, extras, query_lens, capture)
@@ -163,7 +166,9 @@ class ModelRunner:
             if "sample" in self.hooks:
                 token_ids = self.hooks["sample"](batch, logits)
             if token_ids is None:
-                token_ids = self.sampler(logits, self._sampling_tensors(sampled_seqs, logits))
+                tensors = self._sampling_tensors(sampled_seqs, logits)
+                # a graph step computed every row's argmax already
+                token_ids = greedy if graph_key is not None and tensors.argmax_only else self.sampler(logits, tensors)
             post = self.hooks.get("post_prefill" if is_prefill else "post_decode")
             if post is not None:
                 replaced = post(batch, hidden_last, logits, token_ids)
@@ -268,7 +273,9 @@ class ModelRunner:
         )
         meta.host_query_lens, meta.host_context_lens = [1] * n, context_lens
         ids_t = st["ids"][:n]
-        return ids_t, st["positions"][:n], self.model.embed(ids_t), meta, [1] * n
+        # in-graph lookup: the view is filled when the graph replays (no hook reads it before)
+        embeds = st["embeds"][:n] if self.embed_in_graph else self.model.embed(ids_t)
+        return ids_t, st["positions"][:n], embeds, meta, [1] * n
 
     @torch.inference_mode()
     def _capture_graphs(self, sizes: list[int], widths: list[int]) -> None:
@@ -280,8 +287,10 @@ class ModelRunner:
 
             def step(meta=meta, st=st, ctx=ctx):  # bound now: captured within this iteration
                 self.backend.prepare(meta)
-                hidden = self.model(st["embeds"], st["positions"], ctx)
-                return hidden, self.model.compute_logits(hidden)
+                embeds = self.model.embed(st["ids"]) if self.embed_in_graph else st["embeds"]
+                hidden = self.model(embeds, st["positions"], ctx)
+                logits = self.model.compute_logits(hidden)
+                return embeds, hidden, logits, logits.argmax(dim=-1)
 
             with CUDA_GRAPH_CAPTURE_LOCK:
                 for _ in range(2):  # warm up kernels and allocator outside the graph
@@ -290,15 +299,17 @@ class ModelRunner:
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: other stages' threads may load weights or run while this captures
                 with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                    st["hidden"], st["logits"] = step()
+                    st["embeds"], st["hidden"], st["logits"], st["greedy"] = step()
             pool = graph.pool()
             self.graphs[(size, width)] = (graph, st)
         torch.cuda.synchronize(self.device)
 
     def _replay(self, key: tuple[int, int], embeds, batch_size: int):
-        """Replays graph ``key`` (its integer inputs were filled by ``_prepare_graph_decode``)."""
+        """Replays graph ``key`` (its integer inputs were filled by ``_prepare_graph_decode``);
+        returns the rows' hidden states, logits and argmax tokens."""
         graph, st = self.graphs[key]
         n = batch_size
-        st["embeds"][:n].copy_(embeds)
+        if not self.embed_in_graph:
+            st["embeds"][:n].copy_(embeds)
         graph.replay()
-        return st["hidden"][:n], st["logits"][:n]
+        return st["hidden"][:n], st["logits"][:n], st["greedy"][:n]

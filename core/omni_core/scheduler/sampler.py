@@ -35,6 +35,11 @@ class SamplingTensors:
     seen_tokens: torch.Tensor | None = None  # [B, V] bool: tokens in prompt or output
     banned: torch.Tensor | None = None  # [B, V] bool: stop tokens before min_tokens
 
+    @property
+    def argmax_only(self) -> bool:
+        """Every row takes its top logit as it is (greedy, no penalty, no banned tokens)."""
+        return self.all_greedy and self.penalty is None and self.banned is None
+
 
 def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
     """Deterministic uniforms in (0, 1), shape [B, vocab], from 32-bit integer hashing."""
@@ -50,7 +55,7 @@ def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch
 class Sampler:
     def __call__(self, logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         """logits [B, V] -> token ids [B] (int64)."""
-        if t.all_greedy and t.penalty is None and t.banned is None:
+        if t.argmax_only:
             return logits.argmax(dim=-1)  # exact in any float dtype: no float32 copy needed
         logits = logits.float()
         if t.penalty is not None:
