@@ -137,6 +137,36 @@ def host_profile(engine: AREngine, context: int, steps: int, vocab: int, top: in
         print(f"  {tottime / steps * 1e6:8.1f} us  {cumtime / steps * 1e6:8.1f} us cum  {ncalls / steps:5.1f}/step  {path.split('/')[-1]}:{line}({func})")
 
 
+def replay_trace(engine: AREngine, context: int, replays: int, path: str) -> None:
+    """Chrome trace of ``replays`` back-to-back replays of the batch-1 decode graph (one sequence
+    decoding), and a summary: each kernel's mean time, the replay's span and its idle share."""
+    import json
+
+    start_decoding(engine, {"trace": list(range(1, context + 1))}, replays)
+    key = engine.runner._graph_key(1, len(engine.scheduler.running[0].block_table))
+    graph = engine.runner.graphs[key][0]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    engine.abort("trace")
+    prof.export_chrome_trace(path)
+    kernels = sorted((e for e in json.load(open(path))["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    per_replay = len(kernels) // replays
+    if not per_replay:
+        print(f"trace {path}: no kernels recorded")
+        return
+    spans = [kernels[i + per_replay - 1]["ts"] + kernels[i + per_replay - 1]["dur"] - kernels[i]["ts"] for i in range(0, per_replay * replays, per_replay)]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e["name"][:60], []).append(e["dur"])
+    print(f"\nbatch-1 graph replay trace ({path}): {per_replay} kernels, span {sum(spans) / len(spans):.1f} us per replay")
+    print("| kernel | per replay | mean us | us per replay |")
+    print("| --- | --- | --- | --- |")
+    for name, durs in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        print(f"| {name} | {len(durs) / replays:.0f} | {sum(durs) / len(durs):.2f} | {sum(durs) / replays:.1f} |")
+
+
 def time_cuda_ms(fn, iters: int = 100) -> float:
     for _ in range(3):
         fn()
@@ -195,6 +225,7 @@ def main() -> None:
     parser.add_argument("--throughput-batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--attention", nargs="+", default=["sdpa", "triton"], choices=["sdpa", "triton-unfused", "triton"])
     parser.add_argument("--host-profile", type=int, metavar="N", help="also profile N engine steps at batch 1 (graphs, last backend) and print where the host time goes")
+    parser.add_argument("--replay-trace", metavar="DIR", help="also write a kernel trace of the batch-1 decode graph of each Triton backend to DIR and summarize it")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")
     bandwidth = copy_bandwidth()
@@ -243,6 +274,10 @@ def main() -> None:
                 graph, replay = decode_step_ms(engines[backend, "graphs"], b, args.context, args.steps, args.vocab)
                 replay_s = f"{replay:.3f}" if replay is not None else "-"
                 print(f"| {b} | {backend} | {roof:.3f} | {eager:.3f} | {graph:.3f} | {replay_s} | {100 * roof / graph:.0f}% |", flush=True)
+        if args.replay_trace:
+            for backend in args.attention:
+                if backend.startswith("triton"):
+                    replay_trace(engines[backend, "graphs"], args.context, 20, f"{args.replay_trace}/{backend}-b1.json")
         if args.host_profile:
             host_profile(engines[args.attention[-1], "graphs"], args.context, args.host_profile, args.vocab)
         print()
