@@ -4,9 +4,11 @@ bf16), at a few row counts.
 
 Each variant runs 24 times back to back inside one CUDA graph (as the layers of a decode step
 do) and the graph is replayed; the table gives microseconds per call and the weight bytes read
-per second. ``--block-n`` and ``--warps`` sweep the column tile and warps of the fused kernels.
+per second. Each call reads its own copy of the weight, as each layer does (a weight read again
+would come from L2). ``--block-n``, ``--warps`` and ``--block-k`` sweep the column tile, the
+warps and the K span of a weight tile of the fused kernels.
 
-    python benchmarks/fused_linear_gpu.py [--rows 1 2 4 8] [--block-n 4 8 16] [--warps 4 8]
+    python benchmarks/fused_linear_gpu.py [--rows 1 2 4 8] [--block-n 4 8 16] [--warps 4 8] [--block-k 0 1024 2048]
 
 ``OMNI_PDL=0`` runs the fused kernels without programmatic dependent launch.
 """
@@ -26,52 +28,55 @@ CALLS = 24
 
 
 def graph_us(fn) -> float:
+    """Microseconds per call of ``fn(layer)`` for layers 0..CALLS-1, captured in one CUDA graph."""
     for _ in range(2):
-        fn()
+        fn(0)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
+        for layer in range(CALLS):
+            fn(layer)
     return time_cuda_ms(graph.replay, iters=20) * 1e3 / CALLS
 
 
-def cases(rows: int, w: dict[str, torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Tensor) -> dict:
-    """{projection: (torch ops, fused(block_n, num_warps), weight bytes)} at ``rows`` rows."""
-    dev, dt = w["norm"].device, w["norm"].dtype
+def cases(rows: int, w: dict[str, list[torch.Tensor]], k_cache: torch.Tensor, v_cache: torch.Tensor) -> dict:
+    """{projection: (torch ops, fused, weight bytes)} at ``rows`` rows; each takes the layer whose
+    weights it reads, the fused one also a tile (``block_n``, ``num_warps``, ``block_k``; None: defaults)."""
+    dev, dt = k_cache.device, k_cache.dtype
     x, residual = torch.randn(2, rows, HIDDEN, device=dev, dtype=dt)
     cos, sin = torch.randn(2, rows, DIM, device=dev, dtype=dt)
     slots = torch.arange(rows, device=dev)
     attn_out = torch.randn(rows, HEADS * DIM, device=dev, dtype=dt)
     act = torch.randn(rows, INTER, device=dev, dtype=dt)
+    norm = torch.ones(HIDDEN, device=dev, dtype=dt)
 
-    def qkv_torch():
-        normed, _ = kernels.rms_norm(x, w["norm"], 1e-6, residual)
-        q, k, v = F.linear(normed, w["qkv"], w["qkv_bias"]).split([HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM], dim=-1)
+    def qkv_torch(layer):
+        normed, _ = kernels.rms_norm(x, norm, 1e-6, residual)
+        q, k, v = F.linear(normed, w["qkv"][layer], w["qkv_bias"][layer]).split([HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM], dim=-1)
         kernels.rotary_store_kv(q.view(rows, HEADS, DIM), k.view(rows, KV_HEADS, DIM), v.view(rows, KV_HEADS, DIM), cos, sin, k_cache, v_cache, slots)
 
-    def qkv_fused(block_n=None, num_warps=None):
-        fused_linear.qkv_rotary_store(x, w["qkv"], w["qkv_bias"], cos, sin, slots, k_cache, v_cache, HEADS, KV_HEADS, DIM, residual, w["norm"], 1e-6,
-                                      block_n=block_n, num_warps=num_warps)
+    def qkv_fused(layer, tile=None):
+        fused_linear.qkv_rotary_store(x, w["qkv"][layer], w["qkv_bias"][layer], cos, sin, slots, k_cache, v_cache, HEADS, KV_HEADS, DIM,
+                                      residual, norm, 1e-6, **(tile or {}))
 
-    def gate_up_torch():
-        normed, _ = kernels.rms_norm(x, w["norm"], 1e-6, residual)
-        kernels.silu_mul(F.linear(normed, w["gate_up"]))
+    def gate_up_torch(layer):
+        normed, _ = kernels.rms_norm(x, norm, 1e-6, residual)
+        kernels.silu_mul(F.linear(normed, w["gate_up"][layer]))
 
-    def gate_up_fused(block_n=None, num_warps=None):
-        fused_linear.gated_linear(x, w["gate_up"], residual, w["norm"], 1e-6, block_n=block_n, num_warps=num_warps)
+    def gate_up_fused(layer, tile=None):
+        fused_linear.gated_linear(x, w["gate_up"][layer], residual, norm, 1e-6, **(tile or {}))
 
-    def o_fused(block_n=None, num_warps=None):
-        fused_linear.linear(attn_out, w["o"], block_n=block_n, num_warps=num_warps)
+    def o_fused(layer, tile=None):
+        fused_linear.linear(attn_out, w["o"][layer], **(tile or {}))
 
-    def down_fused(block_n=None, num_warps=None):
-        fused_linear.linear(act, w["down"], block_n=block_n, num_warps=num_warps)
+    def down_fused(layer, tile=None):
+        fused_linear.linear(act, w["down"][layer], **(tile or {}))
 
     return {
-        "norm + qkv + rotary + cache write": (qkv_torch, qkv_fused, w["qkv"].numel() * 2),
-        "o_proj": (lambda: F.linear(attn_out, w["o"]), o_fused, w["o"].numel() * 2),
-        "norm + gate_up + SiLU gate": (gate_up_torch, gate_up_fused, w["gate_up"].numel() * 2),
-        "down_proj": (lambda: F.linear(act, w["down"]), down_fused, w["down"].numel() * 2),
+        "norm + qkv + rotary + cache write": (qkv_torch, qkv_fused, w["qkv"][0].numel() * 2),
+        "o_proj": (lambda layer: F.linear(attn_out, w["o"][layer]), o_fused, w["o"][0].numel() * 2),
+        "norm + gate_up + SiLU gate": (gate_up_torch, gate_up_fused, w["gate_up"][0].numel() * 2),
+        "down_proj": (lambda layer: F.linear(act, w["down"][layer]), down_fused, w["down"][0].numel() * 2),
     }
 
 
@@ -80,27 +85,32 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--block-n", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--block-k", type=int, nargs="+", default=[0], help="K span of a weight tile (0: the kernel's default)")
+    parser.add_argument("--early-launch", type=int, nargs="+", default=[0], choices=[0, 1],
+                        help="1: a kernel lets the next one launch as it starts, not once its weight is read")
     args = parser.parse_args()
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
-    weights = {
-        "qkv": torch.randn((HEADS + 2 * KV_HEADS) * DIM, HIDDEN, device=dev, dtype=dt) * 0.02,
-        "qkv_bias": torch.randn((HEADS + 2 * KV_HEADS) * DIM, device=dev, dtype=dt) * 0.02,
-        "o": torch.randn(HIDDEN, HEADS * DIM, device=dev, dtype=dt) * 0.02,
-        "gate_up": torch.randn(2 * INTER, HIDDEN, device=dev, dtype=dt) * 0.02,
-        "down": torch.randn(HIDDEN, INTER, device=dev, dtype=dt) * 0.02,
-        "norm": torch.ones(HIDDEN, device=dev, dtype=dt),
+    shapes = {
+        "qkv": ((HEADS + 2 * KV_HEADS) * DIM, HIDDEN), "qkv_bias": ((HEADS + 2 * KV_HEADS) * DIM,),
+        "o": (HIDDEN, HEADS * DIM), "gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER),
     }
+    # one weight per layer, as a decode step reads them: a weight read again would come from L2
+    weights = {name: [torch.randn(shape, device=dev, dtype=dt) * 0.02 for _ in range(CALLS)] for name, shape in shapes.items()}
     k_cache, v_cache = torch.zeros(2, 4096, KV_HEADS, DIM, device=dev, dtype=dt)
     pdl = launch.launch_options(torch.device(dev))
-    print(f"device: {torch.cuda.get_device_name()}; microseconds per call (weight GB/s), {CALLS} calls per graph; programmatic dependent launch {pdl}")
-    tiles = [(b, w) for w in args.warps for b in args.block_n]
-    print("| projection | rows | torch ops | fused (defaults) | " + " | ".join(f"tile {b}, {w} warps" for b, w in tiles) + " |")
+    print(f"device: {torch.cuda.get_device_name()}; microseconds per call (weight GB/s), {CALLS} calls per graph, each on its own weights; "
+          f"programmatic dependent launch {pdl}")
+    tiles = [dict(block_n=b, num_warps=nw, **({"block_k": k} if k else {}), **({"early_launch": True} if e else {}))
+             for nw in args.warps for b in args.block_n for k in args.block_k for e in args.early_launch]
+    names = [f"tile {t['block_n']}, {t['num_warps']} warps" + (f", k {t['block_k']}" if "block_k" in t else "") + (", early" if "early_launch" in t else "")
+             for t in tiles]
+    print("| projection | rows | torch ops | fused (defaults) | " + " | ".join(names) + " |")
     print("| --- " * (4 + len(tiles)) + "|")
     for rows in args.rows:
         for name, (ref, fused, nbytes) in cases(rows, weights, k_cache, v_cache).items():
             cells = []
-            for fn in [ref, fused] + [(lambda b=b, w=w, fused=fused: fused(b, w)) for b, w in tiles]:
+            for fn in [ref, fused] + [(lambda layer, t=t, fused=fused: fused(layer, t)) for t in tiles]:
                 try:
                     us = graph_us(fn)
                     cells.append(f"{us:.1f} ({nbytes / us / 1e3:.0f})")

@@ -91,6 +91,24 @@ def test_qkv_rotary_store(heads, kv_heads, dim, first_layer):
     torch.testing.assert_close(v_cache, ref_v_cache, **TOL[DTYPE])
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_weight_streamed_over_several_k_tiles(rows):
+    # tiles narrower than K: the first is requested before the prologue and each next one while
+    # the current is multiplied; K not a multiple of the tile leaves the last one partly masked
+    from omni_core.models.kernels import fused_linear
+
+    K, N, inter = 80, 24, 20
+    x, residual, weight, bias = randn(rows, K), randn(rows, K), randn(N, K), randn(N)
+    norm = norm_of(K)
+    out, total = fused_linear.linear(x, weight, bias, residual, norm.weight, norm.eps, block_k=32)
+    ref_normed, ref_total = norm(x, residual)
+    torch.testing.assert_close(total, ref_total, **TOL[DTYPE])
+    torch.testing.assert_close(out, F.linear(ref_normed, weight, bias), **TOL[DTYPE])
+    gate_up = randn(2 * inter, K) * 0.2
+    gate, up = F.linear(norm(x), gate_up).chunk(2, dim=-1)
+    torch.testing.assert_close(fused_linear.gated_linear(x, gate_up, None, norm.weight, norm.eps, block_k=16), F.silu(gate) * up, **TOL[DTYPE])
+
+
 def test_head_dim_the_fused_projection_cannot_tile_is_refused():
     assert not kernels.fuses_qkv_rotary(12) and kernels.fuses_qkv_rotary(16) and kernels.fuses_qkv_rotary(64)
     with pytest.raises(ValueError, match="multiple of 8"):

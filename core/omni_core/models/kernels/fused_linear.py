@@ -17,9 +17,11 @@ weight through shared memory, which halved the bandwidth a program got on the H2
 program recomputes the norm of its rows (K values per row, from L2): cheaper than a separate
 kernel.
 
-On Hopper the kernels take part in programmatic dependent launch (``kernels.launch``): a kernel
-lets the next one launch once its weight reads are done, so the next one's launch overlaps this
-one's epilogue.
+The weight does not depend on the previous kernel, so a program requests its first weight tile
+before anything else, and each next tile while it multiplies the current one. On Hopper the
+kernels take part in programmatic dependent launch (``kernels.launch``): a kernel lets the next
+one launch as soon as it starts (``early_launch``), so the next kernel's weight requests go out
+while this one still runs, and only its reads of x wait for this one to finish.
 """
 
 from __future__ import annotations
@@ -72,6 +74,12 @@ def _input_row(x_ptr, res_ptr, norm_w_ptr, row, offs_k, M, K: tl.constexpr, stri
 
 
 @triton.jit
+def _weight_tile(w_ptr, rows, valid, stride_wn, offs_k, K: tl.constexpr):
+    mask = valid[:, None] & (offs_k < K)[None, :]
+    return tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _skinny_linear_kernel(
     x_ptr, res_ptr, norm_w_ptr, w_ptr, bias_ptr, out_ptr, res_out_ptr,
     cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
@@ -80,7 +88,7 @@ def _skinny_linear_kernel(
     num_q_heads, num_kv_heads,
     PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -97,6 +105,17 @@ def _skinny_linear_kernel(
         rows_a = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rows_b = rows_a + second_offset
         n_rows = n_cols
+    valid_a = rows_a < n_rows
+    if PDL and EARLY_LAUNCH:  # the next kernel may launch now and request its own weight
+        tl.extra.cuda.gdc_launch_dependents()
+    # the weight does not depend on the previous kernel: its first tile is requested before the
+    # wait, and each step requests the next tile before multiplying this one, so the weight
+    # stream never waits on x, the norm or the arithmetic
+    offs_k = tl.arange(0, BLOCK_K)
+    wa = _weight_tile(w_ptr, rows_a, valid_a, stride_wn, offs_k, K)
+    wb = wa
+    if EPILOGUE != 0:
+        wb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_k, K)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x (and the residual) come from the previous kernel
 
@@ -106,22 +125,27 @@ def _skinny_linear_kernel(
                            PROLOGUE, pid_n == 0, BLOCK_M, BLOCK_K)
     acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    valid_a = rows_a < n_rows
     row_ids = tl.arange(0, BLOCK_M)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        w_mask = valid_a[:, None] & (offs_k < K)[None, :]
-        wa = tl.load(w_ptr + rows_a[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=w_mask, other=0.0).to(tl.float32)
-        if EPILOGUE != 0:
-            wb = tl.load(w_ptr + rows_b[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        next_wa = wa
+        next_wb = wb
+        if K > BLOCK_K:  # more than one tile: request the next (all masked off after the last)
+            next_wa = _weight_tile(w_ptr, rows_a, valid_a, stride_wn, offs_k + BLOCK_K, K)
+            if EPILOGUE != 0:
+                next_wb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_k + BLOCK_K, K)
+        wa_f = wa.to(tl.float32)
+        wb_f = wb.to(tl.float32)
         for m in tl.static_range(BLOCK_M):
             inv = tl.sum(tl.where(row_ids == m, inv_rms, 0.0), axis=0)
             xr = _input_row(x_ptr, res_ptr, norm_w_ptr, pid_m * BLOCK_M + m, offs_k, M, K, stride_xm, stride_rm, inv,
                             w_ptr.dtype.element_ty, PROLOGUE)
-            acc_a += tl.where((row_ids == m)[:, None], tl.sum(wa * xr[None, :], axis=1)[None, :], 0.0)
+            acc_a += tl.where((row_ids == m)[:, None], tl.sum(wa_f * xr[None, :], axis=1)[None, :], 0.0)
             if EPILOGUE != 0:
-                acc_b += tl.where((row_ids == m)[:, None], tl.sum(wb * xr[None, :], axis=1)[None, :], 0.0)
-    if PDL:
+                acc_b += tl.where((row_ids == m)[:, None], tl.sum(wb_f * xr[None, :], axis=1)[None, :], 0.0)
+        wa = next_wa
+        wb = next_wb
+    if PDL and not EARLY_LAUNCH:
         tl.extra.cuda.gdc_launch_dependents()  # the weight is read: the next kernel may launch
     if HAS_BIAS:
         acc_a += tl.load(bias_ptr + rows_a, mask=valid_a, other=0.0).to(tl.float32)[None, :]
@@ -167,14 +191,15 @@ def _block_m(m: int) -> int:
     return min(triton.next_power_of_2(m), MAX_ROWS)
 
 
-def _block_k(K: int, two_tiles: bool) -> int:
-    """The K span of one weight tile: all of K up to 1024 (512 with two tiles)."""
-    return min(triton.next_power_of_2(K), 512 if two_tiles else 1024)
+def _block_k(K: int) -> int:
+    """The K span of one weight tile: all of K up to 1024, else 2048 (on the H200 at one row,
+    o_proj and the 896-wide inputs ran fastest in one 1024 tile, down_proj in 2048 tiles)."""
+    return min(triton.next_power_of_2(K), 2048)
 
 
 def _launch(x, weight, bias, out, *, prologue=PROLOGUE_NONE, residual=None, norm_weight=None, eps=0.0, residual_out=None,
             epilogue=EPILOGUE_STORE, columns: int, second_offset: int = 0, block_n: int = 16,
-            rotary=None, num_warps: int | None = None) -> None:
+            rotary=None, num_warps: int | None = None, block_k: int | None = None, early_launch: bool = True) -> None:
     M, K = x.shape
     if weight.stride(1) != 1 or x.stride(1) != 1:
         raise ValueError("x and the weight need unit stride along K")
@@ -192,10 +217,9 @@ def _launch(x, weight, bias, out, *, prologue=PROLOGUE_NONE, residual=None, norm
         stride_rope, stride_slot, stride_head = cos.stride(0), k_cache.stride(0), k_cache.stride(1)
         grid_n = (q_heads + 2 * kv_heads) * (half // block_n)
     block_m = _block_m(M)
-    # one weight tile per step: 8 warps keep more of it in flight (down_proj at one row: 4.0 vs
-    # 5.3 us on the H200); two tiles (gate/up, rotary halves) ran best with 4
-    num_warps = num_warps or (8 if epilogue == EPILOGUE_STORE else 4)
-    block_k = _block_k(K, epilogue != EPILOGUE_STORE)
+    # 4 warps: with the weight requested up front, every projection ran fastest with 4 on the H200
+    num_warps = num_warps or 4
+    block_k = block_k or _block_k(K)
     _skinny_linear_kernel[(grid_n, triton.cdiv(M, block_m))](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else weight,
         weight, bias if bias is not None else weight, out, residual_out if residual_out is not None else out,
@@ -206,7 +230,7 @@ def _launch(x, weight, bias, out, *, prologue=PROLOGUE_NONE, residual=None, norm
         q_heads, kv_heads,
         PROLOGUE=prologue, EPILOGUE=epilogue, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HALF=half,
-        PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
+        PDL=pdl, EARLY_LAUNCH=early_launch, num_warps=num_warps, launch_pdl=pdl,
     )
 
 
@@ -227,7 +251,8 @@ def _prologue(residual, norm_weight):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-           norm_weight: torch.Tensor | None = None, eps: float = 0.0, block_n: int | None = None, num_warps: int | None = None):
+           norm_weight: torch.Tensor | None = None, eps: float = 0.0, block_n: int | None = None, num_warps: int | None = None,
+           block_k: int | None = None, early_launch: bool = True):
     """``prologue(x) @ weight^T + bias`` for x [M, K]; with ``norm_weight``, the prologue is RMSNorm
     (of ``x + residual`` when given, and then returns ``(out, x + residual)``)."""
     M = x.shape[0]
@@ -235,12 +260,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     residual_out = torch.empty_like(x) if residual is not None else None
     _launch(x, weight, bias, out, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight, eps=eps,
-            residual_out=residual_out, columns=N, block_n=block_n or _block_n(N, x.device), num_warps=num_warps)
+            residual_out=residual_out, columns=N, block_n=block_n or _block_n(N, x.device), num_warps=num_warps, block_k=block_k, early_launch=early_launch)
     return out if residual is None else (out, residual_out)
 
 
 def gated_linear(x: torch.Tensor, gate_up_weight: torch.Tensor, residual: torch.Tensor | None = None,
-                 norm_weight: torch.Tensor | None = None, eps: float = 0.0, block_n: int | None = None, num_warps: int | None = None):
+                 norm_weight: torch.Tensor | None = None, eps: float = 0.0, block_n: int | None = None, num_warps: int | None = None,
+                 block_k: int | None = None, early_launch: bool = True):
     """``silu(g) * u`` where ``[g, u] = prologue(x) @ gate_up_weight^T`` (gate rows first); the
     prologue and the return value as in ``linear``."""
     M = x.shape[0]
@@ -249,14 +275,15 @@ def gated_linear(x: torch.Tensor, gate_up_weight: torch.Tensor, residual: torch.
     residual_out = torch.empty_like(x) if residual is not None else None
     _launch(x, gate_up_weight, None, out, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight,
             eps=eps, residual_out=residual_out, epilogue=EPILOGUE_SILU_GATE, columns=inter, second_offset=inter,
-            block_n=block_n or _block_n(inter, x.device), num_warps=num_warps)
+            block_n=block_n or _block_n(inter, x.device), num_warps=num_warps, block_k=block_k, early_launch=early_launch)
     return out if residual is None else (out, residual_out)
 
 
 def qkv_rotary_store(x: torch.Tensor, qkv_weight: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                      slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
                      head_dim: int, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                     block_n: int | None = None, num_warps: int | None = None):
+                     block_n: int | None = None, num_warps: int | None = None, block_k: int | None = None,
+                     early_launch: bool = True):
     """The attention input projection of decode rows: q = rotary(prologue(x) @ Wq^T + bq) is
     returned ([M, heads * head_dim]); k (rotated) and v go straight to the caches at
     ``slot_mapping``. ``cos``/``sin``: [M, head_dim] rows (halves repeated, as the table is).
@@ -275,7 +302,7 @@ def qkv_rotary_store(x: torch.Tensor, qkv_weight: torch.Tensor, bias: torch.Tens
         raise ValueError(f"head_dim {head_dim}: the fused projection needs a multiple of 8")
     block_n = block_n or 4  # pairs of columns per program
     _launch(x, qkv_weight, bias, q, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight, eps=eps,
-            residual_out=residual_out, epilogue=EPILOGUE_ROTARY_KV, columns=heads * head_dim, block_n=block_n, num_warps=num_warps,
+            residual_out=residual_out, epilogue=EPILOGUE_ROTARY_KV, columns=heads * head_dim, block_n=block_n, num_warps=num_warps, block_k=block_k, early_launch=early_launch,
             rotary=(cos2, sin2, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim))
     return q if residual is None else (q, residual_out)
 

@@ -19,6 +19,20 @@ from omni_core.models.kernels.launch import launch_options, multiprocessors
 
 
 @triton.jit
+def _kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, pos, end, dims, stride_table, stride_cache_slot,
+             stride_cache_head, KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """K and V of positions ``pos`` (those before ``end``) of one KV head, through the block table."""
+    valid = pos < end
+    block = tl.load(block_tables_ptr + seq * stride_table + pos // KV_BLOCK, mask=valid, other=0).to(tl.int64)
+    slot = block * KV_BLOCK + pos % KV_BLOCK
+    kv_offset = slot[:, None] * stride_cache_slot + kv_head * stride_cache_head + dims[None, :]
+    kv_mask = valid[:, None] & (dims < HEAD_DIM)[None, :]
+    k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
+    return k, v, kv_offset, kv_mask, valid
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
@@ -27,19 +41,27 @@ def _paged_decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     KV_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # see kernels.launch: the next kernel may start; q and the new K/V come from the previous one
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    # lengths, block tables and every cached token but the newest were written before this step's
+    # first kernel: the split's first K/V tile is requested before waiting on the previous kernel
     context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
     start = split * partition_size
     end = tl.minimum(start + partition_size, context_len)
+    dims = tl.arange(0, DIM_PAD)
+    pos = start + tl.arange(0, BLOCK_N)
+    k, v, kv_offset, kv_mask, valid = _kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, pos, end, dims,
+                                               stride_table, stride_cache_slot, stride_cache_head, KV_BLOCK, HEAD_DIM)
+    if PDL:  # see kernels.launch: the next kernel may start; q and the newest K/V come from the previous one
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    newest = (valid & (pos == context_len - 1))[:, None] & kv_mask
+    k = tl.where(newest, tl.load(k_cache_ptr + kv_offset, mask=newest, other=0.0), k)
+    v = tl.where(newest, tl.load(v_cache_ptr + kv_offset, mask=newest, other=0.0), v)
 
     rows = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + rows
-    dims = tl.arange(0, DIM_PAD)
     q_mask = (rows < GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
     q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + dims[None, :], mask=q_mask, other=0.0)
     q = q.to(k_cache_ptr.dtype.element_ty)
@@ -49,23 +71,18 @@ def _paged_decode_kernel(
     acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
     n0 = start
     while n0 < end:  # a while loop: its bounds are device values (a for loop over them does not interpret)
-        pos = n0 + tl.arange(0, BLOCK_N)
-        valid = pos < end
-        block = tl.load(block_tables_ptr + seq * stride_table + pos // KV_BLOCK, mask=valid, other=0).to(tl.int64)
-        slot = block * KV_BLOCK + pos % KV_BLOCK
-        kv_offset = slot[:, None] * stride_cache_slot + kv_head * stride_cache_head + dims[None, :]
-        kv_mask = valid[:, None] & (dims < HEAD_DIM)[None, :]
-        k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
         correction = tl.exp(row_max - new_max)
         p = tl.exp(scores - new_max[:, None])
         row_sum = row_sum * correction + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
         acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         row_max = new_max
         n0 += BLOCK_N
+        pos = n0 + tl.arange(0, BLOCK_N)  # the next tile (all masked off after the last)
+        k, v, kv_offset, kv_mask, valid = _kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, pos, end, dims,
+                                                   stride_table, stride_cache_slot, stride_cache_head, KV_BLOCK, HEAD_DIM)
 
     has_tokens = row_sum > 0  # false only for a split past the end of the context
     out = acc / tl.where(has_tokens, row_sum, 1.0)[:, None]
