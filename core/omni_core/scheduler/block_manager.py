@@ -114,13 +114,17 @@ class BlockManager:
         seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0
 
+    def needs_block(self, seq: Sequence, ahead: int = 0) -> bool:
+        """Whether the next decode step (which writes KV at position ``len(seq) - 1 + ahead``;
+        ``ahead``: tokens sampled but not appended yet) needs a new block."""
+        return len(seq.block_table) < seq.num_blocks_for(len(seq) + ahead, self.block_size)
+
     def can_append(self, seq: Sequence) -> bool:
         """Whether the next decode step (which writes KV at position ``len(seq) - 1``) fits."""
-        needs_block = len(seq.block_table) < seq.num_blocks_for(len(seq), self.block_size)
-        return not needs_block or self.num_free_blocks > 0
+        return not self.needs_block(seq) or self.num_free_blocks > 0
 
-    def append_slot(self, seq: Sequence) -> None:
-        if len(seq.block_table) < seq.num_blocks_for(len(seq), self.block_size):
+    def append_slot(self, seq: Sequence, ahead: int = 0) -> None:
+        if self.needs_block(seq, ahead):
             seq.block_table.append(self._fresh().block_id)
 
     def reset_prefix_cache(self) -> int:

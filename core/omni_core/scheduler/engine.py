@@ -17,7 +17,7 @@ import torch
 from omni_core.scheduler.ar_scheduler import Scheduler
 from omni_core.scheduler.block_manager import BlockManager
 from omni_core.scheduler.hooks import resolve_hooks
-from omni_core.scheduler.model_runner import ModelRunner
+from omni_core.scheduler.model_runner import LaunchedStep, ModelRunner
 from omni_core.scheduler.sampling_params import SamplingParams
 from omni_core.scheduler.sequence import Sequence
 
@@ -45,6 +45,9 @@ class EngineConfig:
     cuda_graph_kv_lens: tuple[int, ...] = (256, 1024)  # graph variants by context length (plus max_model_len)
     eos_token_ids: tuple[int, ...] = ()
     attention_backend: Any = None
+    # launch each decode step before the previous one's tokens reach the host (see AREngine.step);
+    # None: on CUDA
+    overlap_decode: bool | None = None
 
 
 @dataclass
@@ -97,6 +100,10 @@ class AREngine:
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype, self.hooks, config.attention_backend, self.max_model_len, graph_sizes, config.cuda_graph_kv_lens)
         self.eos_token_ids = tuple(config.eos_token_ids)
         self.requests: dict[str, Sequence] = {}
+        overlap = config.overlap_decode if config.overlap_decode is not None else self.device.type == "cuda"
+        # hooks that read or replace a step's tokens on the host need them before the next step
+        self.overlap_decode = overlap and not any(h in self.hooks for h in ("before_decode", "sample", "post_decode"))
+        self.in_flight: LaunchedStep | None = None  # a decode step whose tokens are not applied yet
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None, hooks: Any = None, **config_kwargs) -> AREngine:
@@ -159,18 +166,72 @@ class AREngine:
     # ---- stepping ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Runs one step and returns what it produced.
+
+        With ``overlap_decode``, a decode step is launched and, before its tokens are read, the
+        next decode step of the same sequences is launched on top of it, taking those tokens
+        from the device: the host's work for one step (reading tokens, stop checks, outputs,
+        scheduling and inputs of the next) runs while the device computes the next. So one
+        decode step is usually in flight between calls. A sequence that stops on a token
+        computes one more, which is dropped; new requests, preemption and anything that needs
+        the tokens on the host first (hooks, repetition penalty, hidden states) wait for the
+        step in flight to finish and then run as usual.
+        """
+        if self.in_flight is not None:
+            return self._finish_in_flight()
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             if self.scheduler.has_work():
                 raise RuntimeError("the engine cannot schedule any request: the KV cache is too small")
             return []
+        if not is_prefill and self._overlaps(seqs):
+            self.in_flight = self.runner.launch(seqs, False, async_tokens=True)
+            return self._finish_in_flight()
         sample_index, tokens, step_tensors = self.runner.run(seqs, is_prefill)
+        return self._apply(seqs, is_prefill, sample_index, tokens, step_tensors)
+
+    def _finish_in_flight(self) -> list[RequestOutput]:
+        """Launch the next decode step on top of the one in flight, then apply the latter's tokens."""
+        current = self.in_flight
+        ahead = self._ahead_batch(current.seqs)
+        self.in_flight = self.runner.launch(ahead, False, ahead_of=current, async_tokens=True) if ahead else None
+        sample_index, tokens, step_tensors = current.result()
+        for seq in current.seqs:
+            seq.num_scheduled_tokens = 1  # what the scheduler sets for a decode step
+        return self._apply(current.seqs, False, sample_index, tokens, step_tensors)
+
+    def _overlaps(self, seqs: list[Sequence]) -> bool:
+        return self.overlap_decode and all(not s.hidden_layers and s.params.repetition_penalty == 1.0 for s in seqs)
+
+    def _ahead_batch(self, seqs: list[Sequence]) -> list[Sequence] | None:
+        """The sequences of the decode step after ``seqs``'s (in flight), given KV slots for it,
+        or None when that step should wait for the tokens: a request is waiting or prefilling,
+        the running set changed, or the cache lacks a block (the scheduler may then preempt)."""
+        sched = self.scheduler
+        if sched.waiting or sched.prefilling or list(sched.running) != seqs:
+            return None
+        # those that reach max_tokens with the token in flight stop there
+        batch = [s for s in seqs if s.num_output_tokens + 1 < s.params.max_tokens]
+        if not batch or not self._overlaps(batch):
+            return None
+        bm = self.block_manager
+        if sum(bm.needs_block(s, ahead=1) for s in batch) > bm.num_free_blocks:
+            return None
+        for seq in batch:
+            bm.append_slot(seq, ahead=1)
+        return batch
+
+    def _apply(self, seqs: list[Sequence], is_prefill: bool, sample_index: list[int], tokens: list[int], step_tensors: dict) -> list[RequestOutput]:
+        """Advance ``seqs`` by a step's tokens; outputs for the caller. Sequences that finished
+        (or were aborted) while the step was in flight are skipped, their token dropped."""
         sampled = {seqs[b].seq_id: tok for b, tok in zip(sample_index, tokens, strict=True)}
-        finished = self.scheduler.postprocess(seqs, is_prefill, sampled)
+        live = [s for s in seqs if not s.is_finished]
+        live_ids = {s.seq_id for s in live}
+        finished = self.scheduler.postprocess(live, is_prefill, sampled)
         outputs = []
         for b, seq in enumerate(seqs):
             token = sampled.get(seq.seq_id)
-            if token is None and b not in step_tensors:
+            if seq.seq_id not in live_ids or (token is None and b not in step_tensors):
                 continue
             outputs.append(RequestOutput(seq.request_id, [] if token is None else [token], seq.is_finished, seq.finish_reason, step_tensors.get(b, {})))
         for seq in finished:

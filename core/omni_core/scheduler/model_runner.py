@@ -10,6 +10,7 @@ hook may replace them) and takes every row's argmax, which all-greedy batches us
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +21,35 @@ from omni_core.scheduler.graph_capture import CUDA_GRAPH_CAPTURE_LOCK
 from omni_core.scheduler.hooks import StepBatch
 from omni_core.scheduler.sampler import Sampler, SamplingTensors, build_sampling_tensors
 from omni_core.scheduler.sequence import Sequence
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose work is enqueued on the device: ``result()`` brings its sampled tokens to the
+    host (the step's one wait) and returns (indices of sequences that sampled, their tokens,
+    per-sequence step tensors by batch index)."""
+
+    seqs: list[Sequence]
+    sample_index: list[int]
+    token_ids: torch.Tensor | None  # on the device, one per sampled sequence
+    step_outputs: dict[int, dict[str, Any]]
+    host_tokens: torch.Tensor | None = None
+    copied: torch.cuda.Event | None = None
+
+    def copy_tokens_to_host(self) -> None:
+        """Start the tokens' copy to pinned host memory; ``result()`` then waits for it alone."""
+        self.host_tokens = torch.empty(self.token_ids.shape, dtype=self.token_ids.dtype, pin_memory=True)
+        self.host_tokens.copy_(self.token_ids, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+
+    def result(self) -> tuple[list[int], list[int], dict[int, dict[str, Any]]]:
+        if self.token_ids is None:
+            return self.sample_index, [], self.step_outputs
+        if self.copied is not None:
+            self.copied.synchronize()
+            return self.sample_index, self.host_tokens.tolist(), self.step_outputs
+        return self.sample_index, self.token_ids.tolist(), self.step_outputs
 
 
 class ModelRunner:
@@ -60,18 +90,21 @@ class ModelRunner:
         rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
         return torch.tensor(rows, dtype=torch.int64)
 
-    def _prepare(self, seqs: list[Sequence], is_prefill: bool):
+    def _prepare(self, seqs: list[Sequence], is_prefill: bool, ahead_ids: torch.Tensor | None = None):
         bs, dev = self.block_size, self.device
-        query_lens = [s.num_scheduled_tokens for s in seqs]
+        # a step launched ahead computes one token per sequence (the scheduler did not set it)
+        query_lens = [1] * len(seqs) if ahead_ids is not None else [s.num_scheduled_tokens for s in seqs]
         context_lens = [s.num_computed_tokens + n for s, n in zip(seqs, query_lens, strict=True)]
         block_tables = self._block_tables(seqs)
         max_q = max(query_lens)
         if max_q == 1:
             # one token per sequence (decode): every per-token list is per sequence, slots come
             # straight from the block tables, and all of it goes over in one tensor
-            ids, positions, slots, _ = self._decode_rows(seqs)
+            ids, positions, slots, context_lens = self._decode_rows(seqs, ahead_ids is not None)
             rows = torch.tensor([ids, positions, slots, context_lens, query_lens], dtype=torch.int64).to(dev, non_blocking=True)
             ids_t, pos_t, slots, ctx_t, qlen_t = rows.unbind(0)
+            if ahead_ids is not None:
+                ids_t.copy_(ahead_ids)
         else:
             ids: list[int] = []
             seq_index: list[int] = []
@@ -106,13 +139,15 @@ class ModelRunner:
             self._insert_prompt_embeds(seqs, embeds)
         return ids_t, pos_t, embeds, meta, query_lens
 
-    def _decode_rows(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int], list[int]]:
-        """(token ids, positions, cache slots, context lengths) of a decode step's one token per sequence."""
+    def _decode_rows(self, seqs: list[Sequence], ahead: bool = False) -> tuple[list[int], list[int], list[int], list[int]]:
+        """(token ids, positions, cache slots, context lengths) of a decode step's one token per
+        sequence: its last token, or with ``ahead`` the one sampled after it, which is still on
+        the device (its id here is a placeholder, 0)."""
         bs = self.block_size
-        context_lens = [s.num_computed_tokens + s.num_scheduled_tokens for s in seqs]
+        context_lens = [len(s) + 1 for s in seqs] if ahead else [len(s) for s in seqs]
         positions = [c - 1 for c in context_lens]
         slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions, strict=True)]
-        ids = [s.token_ids[p] for s, p in zip(seqs, positions, strict=True)]
+        ids = [0] * len(seqs) if ahead else [s.token_ids[-1] for s in seqs]
         return ids, positions, slots, context_lens
 
     def _insert_prompt_embeds(self, seqs: list[Sequence], embeds: torch.Tensor) -> None:
@@ -126,17 +161,30 @@ class ModelRunner:
 
     # ---- one step ----------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[int], list[int], dict[int, dict[str, Any]]]:
         """Returns (indices of sequences that sampled, their tokens, per-sequence step tensors by batch index)."""
+        return self.launch(seqs, is_prefill).result()
+
+    @torch.inference_mode()
+    def launch(self, seqs: list[Sequence], is_prefill: bool, ahead_of: LaunchedStep | None = None, async_tokens: bool = False) -> LaunchedStep:
+        """Enqueues one step; its tokens come to the host on ``result()``. ``ahead_of``: a decode
+        step whose tokens are still on the device: this decode step takes them as its input
+        tokens (one per sequence, ``seqs`` a subset of that step's in its order), so it can be
+        launched before they are read. ``async_tokens``: copy the tokens to the host without
+        waiting (``result()`` then waits for this step alone)."""
+        ahead_ids = None
+        if ahead_of is not None:
+            row = {s.seq_id: b for b, s in enumerate(ahead_of.seqs)}
+            rows = [row[s.seq_id] for s in seqs]
+            ahead_ids = ahead_of.token_ids if rows == list(range(len(ahead_of.seqs))) else ahead_of.token_ids[torch.tensor(rows, device=self.device)]
         capture = frozenset(layer for s in seqs for layer in s.hidden_layers)
         graph_key = None
         if self.graphs and not is_prefill and not capture:
             graph_key = self._graph_key(len(seqs), max(len(s.block_table) for s in seqs))
         if graph_key is not None:
-            ids, positions, embeds, meta, query_lens = self._prepare_graph_decode(seqs, graph_key)
+            ids, positions, embeds, meta, query_lens = self._prepare_graph_decode(seqs, graph_key, ahead_ids)
         else:
-            ids, positions, embeds, meta, query_lens = self._prepare(seqs, is_prefill)
+            ids, positions, embeds, meta, query_lens = self._prepare(seqs, is_prefill, ahead_ids)
         if is_prefill:
             sample_index = [b for b, s in enumerate(seqs) if s.num_computed_tokens + s.num_scheduled_tokens == len(s)]
         else:
@@ -159,14 +207,13 @@ class ModelRunner:
                 ends = torch.tensor(query_lens, dtype=torch.int64).cumsum(0) - 1
                 hidden_last = hidden[ends[sample_index].to(hidden.device)] if is_prefill else hidden
                 logits = self.model.compute_logits(hidden_last)
-        tokens: list[int] = []
+        token_ids = None
         if sample_index:
             sampled_seqs = [seqs[b] for b in sample_index]
-            token_ids = None
             if "sample" in self.hooks:
                 token_ids = self.hooks["sample"](batch, logits)
             if token_ids is None:
-                tensors = self._sampling_tensors(sampled_seqs, logits)
+                tensors = self._sampling_tensors(sampled_seqs, logits, ahead=int(ahead_of is not None))
                 # a graph step computed every row's argmax already
                 token_ids = greedy if graph_key is not None and tensors.argmax_only else self.sampler(logits, tensors)
             post = self.hooks.get("post_prefill" if is_prefill else "post_decode")
@@ -174,14 +221,16 @@ class ModelRunner:
                 replaced = post(batch, hidden_last, logits, token_ids)
                 if replaced is not None:
                     token_ids = replaced
-            tokens = token_ids.tolist()  # the step's one host sync
-        return sample_index, tokens, self._per_sequence_outputs(seqs, batch, captured, query_lens, sample_index)
+        step = LaunchedStep(seqs, sample_index, token_ids, self._per_sequence_outputs(seqs, batch, captured, query_lens, sample_index))
+        if async_tokens and token_ids is not None and token_ids.device.type == "cuda":
+            step.copy_tokens_to_host()
+        return step
 
-    def _sampling_tensors(self, seqs: list[Sequence], logits: torch.Tensor) -> SamplingTensors:
+    def _sampling_tensors(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0) -> SamplingTensors:
         # consecutive decode steps of the same batch keep their parameter tensors
         key = tuple(s.seq_id for s in seqs)
         reuse = self.last_sampling[1] if self.last_sampling is not None and self.last_sampling[0] == key else None
-        tensors = build_sampling_tensors(seqs, logits.shape[-1], logits.device, reuse)
+        tensors = build_sampling_tensors(seqs, logits.shape[-1], logits.device, reuse, ahead)
         self.last_sampling = (key, tensors)
         return tensors
 
@@ -223,10 +272,10 @@ class ModelRunner:
                 return key
         return None
 
-    def _static_inputs(self, size: int, width: int) -> dict[str, torch.Tensor]:
+    def _static_inputs(self, size: int, width: int) -> dict[str, Any]:
         """A graph's inputs. The integer ones are views of one buffer (``index``: positions, slots,
         context lengths, token ids, then the block-table rows) that a step fills with one copy
-        from its pinned host twin (``host_index``)."""
+        from one of its two pinned host twins (``host_index``)."""
         dev, hidden = self.device, self.model.hidden_size
         index = torch.zeros(4 * size + size * width, dtype=torch.int64, device=dev)
         positions, slots, context_lens, ids = index[: 4 * size].view(4, size).unbind(0)
@@ -235,7 +284,8 @@ class ModelRunner:
         return {
             "embeds": torch.zeros(size, hidden, dtype=self.dtype, device=dev),
             "index": index,
-            "host_index": torch.zeros(index.shape, dtype=torch.int64, pin_memory=True),
+            "host_index": [torch.zeros(index.shape, dtype=torch.int64, pin_memory=True) for _ in range(2)],
+            "host_turn": 0,
             "positions": positions,
             "slots": slots,
             "context_lens": context_lens,
@@ -244,15 +294,18 @@ class ModelRunner:
             "query_lens": torch.ones(size, dtype=torch.int64, device=dev),
         }
 
-    def _prepare_graph_decode(self, seqs: list[Sequence], key: tuple[int, int]):
+    def _prepare_graph_decode(self, seqs: list[Sequence], key: tuple[int, int], ahead_ids: torch.Tensor | None = None):
         """``_prepare`` for a decode step that replays the graph ``key``: the step's integers go
         straight into the graph's input buffer, padding rows included, in one host-to-device copy."""
         _, st = self.graphs[key]
         size, width = key
         n, bs = len(seqs), self.block_size
         pad = size - n
-        ids, positions, slots, context_lens = self._decode_rows(seqs)
-        host = st["host_index"]
+        ids, positions, slots, context_lens = self._decode_rows(seqs, ahead_ids is not None)
+        # two host buffers, taken in turn: a step launched ahead fills one while the copy from
+        # the other may still be queued behind the step before it
+        host = st["host_index"][st["host_turn"]]
+        st["host_turn"] ^= 1
         # padding rows: position 0, the scratch slot, context 1, token 0
         host[: 4 * size] = torch.tensor(positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad + ids + [0] * pad)
         # block-table entries past a row's length are never read (nor a padding row's past its
@@ -260,9 +313,11 @@ class ModelRunner:
         used = max(len(s.block_table) for s in seqs)
         tables = host[4 * size :].view(size, width)
         tables[:n, :used] = torch.tensor([s.block_table + [0] * (used - len(s.block_table)) for s in seqs])
-        # one copy; the step's token sync (tolist) orders the next step's reuse of the host buffer
+        # one copy; the step's token sync orders the reuse of this host buffer two steps on
         end = 4 * size + n * width
         st["index"][:end].copy_(host[:end], non_blocking=True)
+        if ahead_ids is not None:
+            st["ids"][:n].copy_(ahead_ids)
         meta = AttentionMetadata(
             slot_mapping=st["slots"][:n],
             block_tables=st["block_tables"][:n],

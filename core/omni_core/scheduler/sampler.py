@@ -100,21 +100,23 @@ def _apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
 
-def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | None = None) -> SamplingTensors:
+def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | None = None, ahead: int = 0) -> SamplingTensors:
     """Gather the batch's parameters. ``reuse``: the tensors of an earlier step of the same
     sequences in the same order, whose per-sequence parameters are taken over (only the step
-    counters and the token-dependent masks are rebuilt)."""
+    counters and the token-dependent masks are rebuilt). ``ahead``: tokens each sequence has
+    sampled that are not appended yet (a step launched before the previous one's tokens came
+    back): they count for the step counters and ``min_tokens``."""
     params = [s.params for s in seqs]
     if reuse is not None:
         t = replace(reuse, penalty=None, seen_tokens=None, banned=None)
         if not t.all_greedy:
-            t.steps = torch.tensor([len(s) for s in seqs], dtype=torch.int64, device=device)
+            t.steps = torch.tensor([len(s) + ahead for s in seqs], dtype=torch.int64, device=device)
     elif all(p.temperature == 0 for p in params):
         t = SamplingTensors(None, None, None, None, None, None, all_greedy=True, any_top_k=False, any_top_p=False, any_min_p=False)
     else:
         # one host-to-device copy for the float parameters and one for the integer ones
         floats = torch.tensor([[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]], dtype=torch.float32).to(device)
-        ints = torch.tensor([[p.top_k for p in params], [s.seed for s in seqs], [len(s) for s in seqs]], dtype=torch.int64).to(device)
+        ints = torch.tensor([[p.top_k for p in params], [s.seed for s in seqs], [len(s) + ahead for s in seqs]], dtype=torch.int64).to(device)
         t = SamplingTensors(
             temperature=floats[0],
             top_k=ints[0],
@@ -136,7 +138,7 @@ def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | No
             if ids:
                 seen[row, torch.tensor(ids, device=device)] = True
         t.seen_tokens = seen
-    under_min = [(row, s) for row, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens and s.stop_ids]
+    under_min = [(row, s) for row, s in enumerate(seqs) if s.num_output_tokens + ahead < s.params.min_tokens and s.stop_ids]
     if under_min:
         banned = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
         for row, s in under_min:
