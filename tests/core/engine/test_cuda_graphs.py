@@ -48,3 +48,22 @@ def test_graph_decode_with_an_embedding_hook_matches_eager(tiny_checkpoint):
     assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]
     plain = AREngine(model, EngineConfig(**config), device="cuda").generate(prompts, params)
     assert [o.token_ids for o in plain] != [o.token_ids for o in eager]  # the hook did change the run
+
+
+def test_overlapped_graph_decode_matches_step_by_step(tiny_checkpoint):
+    # graph replays launched before the previous step's tokens are read: same tokens, no block left
+    from omni_core.models import load_causal_lm
+
+    from .test_overlap_decode import add_all, mixed_params, run_all
+
+    model = load_causal_lm(tiny_checkpoint[1], device="cuda", dtype=torch.float32)
+    free = AREngine(model, EngineConfig(block_size=16, num_kv_blocks=64, overlap_decode=False), device="cuda")
+    stop = free.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids[4]
+    results = {}
+    for overlap in (False, True):
+        engine = AREngine(model, EngineConfig(block_size=16, num_kv_blocks=64, cuda_graph_sizes=(1, 2, 4, 8), overlap_decode=overlap), device="cuda")
+        assert engine.runner.graphs and engine.overlap_decode == overlap
+        add_all(engine, mixed_params(stop))
+        results[overlap] = run_all(engine)
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert results[True] == results[False]
