@@ -116,6 +116,19 @@ def _skinny_linear_kernel(
     wb = wa
     if EPILOGUE != 0:
         wb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_k, K)
+    # nor do the bias, the rotary rows and the cache slots (written before the step's first kernel)
+    m_mask = (offs_m < M)[:, None]
+    bias_a = tl.zeros([BLOCK_N], tl.float32)
+    bias_b = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_BIAS:
+        bias_a = tl.load(bias_ptr + rows_a, mask=valid_a, other=0.0).to(tl.float32)
+        if EPILOGUE != 0:
+            bias_b = tl.load(bias_ptr + rows_b, mask=valid_a, other=0.0).to(tl.float32)
+    if EPILOGUE == 2:
+        rope = offs_m[:, None] * stride_rope + j[None, :]
+        cos = tl.load(cos_ptr + rope, mask=m_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + rope, mask=m_mask, other=0.0).to(tl.float32)
+        slot = tl.load(slot_ptr + offs_m, mask=offs_m < M, other=0).to(tl.int64)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x (and the residual) come from the previous kernel
 
@@ -148,10 +161,8 @@ def _skinny_linear_kernel(
     if PDL and not EARLY_LAUNCH:
         tl.extra.cuda.gdc_launch_dependents()  # the weight is read: the next kernel may launch
     if HAS_BIAS:
-        acc_a += tl.load(bias_ptr + rows_a, mask=valid_a, other=0.0).to(tl.float32)[None, :]
-        if EPILOGUE != 0:
-            acc_b += tl.load(bias_ptr + rows_b, mask=valid_a, other=0.0).to(tl.float32)[None, :]
-    m_mask = (offs_m < M)[:, None]
+        acc_a += bias_a[None, :]
+        acc_b += bias_b[None, :]
     out_ty = out_ptr.dtype.element_ty
     if EPILOGUE == 0:
         tl.store(out_ptr + offs_m[:, None] * stride_om + rows_a[None, :], acc_a.to(out_ty), mask=m_mask & valid_a[None, :])
@@ -165,16 +176,12 @@ def _skinny_linear_kernel(
         lo = acc_a.to(out_ty).to(tl.float32)
         hi = acc_b.to(out_ty).to(tl.float32)
         if head < num_q_heads + num_kv_heads:  # q and k heads are rotated
-            rope = offs_m[:, None] * stride_rope + j[None, :]
-            cos = tl.load(cos_ptr + rope, mask=m_mask, other=0.0).to(tl.float32)
-            sin = tl.load(sin_ptr + rope, mask=m_mask, other=0.0).to(tl.float32)
             lo, hi = lo * cos - hi * sin, hi * cos + lo * sin
         if head < num_q_heads:
             q_ptr = out_ptr + offs_m[:, None] * stride_om + rows_a[None, :]
             tl.store(q_ptr, lo.to(out_ty), mask=m_mask)
             tl.store(q_ptr + HALF, hi.to(out_ty), mask=m_mask)
         else:
-            slot = tl.load(slot_ptr + offs_m, mask=offs_m < M, other=0).to(tl.int64)
             if head < num_q_heads + num_kv_heads:
                 cache_ptr = k_cache_ptr
                 kv_head = head - num_q_heads
@@ -287,6 +294,8 @@ def qkv_rotary_store(x: torch.Tensor, qkv_weight: torch.Tensor, bias: torch.Tens
     """The attention input projection of decode rows: q = rotary(prologue(x) @ Wq^T + bq) is
     returned ([M, heads * head_dim]); k (rotated) and v go straight to the caches at
     ``slot_mapping``. ``cos``/``sin``: [M, head_dim] rows (halves repeated, as the table is).
+    With programmatic dependent launch the kernel reads the weight, bias, cos, sin and slots
+    before the previous kernel has finished: they must not be that kernel's outputs.
     With ``residual``, returns ``(q, x + residual)``."""
     M = x.shape[0]
     if k_cache.stride(2) != 1 or k_cache.stride() != v_cache.stride():
