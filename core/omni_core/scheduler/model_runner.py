@@ -176,7 +176,11 @@ class ModelRunner:
         if ahead_of is not None:
             row = {s.seq_id: b for b, s in enumerate(ahead_of.seqs)}
             rows = [row[s.seq_id] for s in seqs]
-            ahead_ids = ahead_of.token_ids if rows == list(range(len(ahead_of.seqs))) else ahead_of.token_ids[torch.tensor(rows, device=self.device)]
+            if rows == list(range(len(ahead_of.seqs))):
+                ahead_ids = ahead_of.token_ids
+            else:  # some sequences stop with the step in flight; a pinned index keeps the copy from waiting on it
+                index = torch.tensor(rows, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+                ahead_ids = ahead_of.token_ids[index.to(self.device, non_blocking=True)]
         capture = frozenset(layer for s in seqs for layer in s.hidden_layers)
         graph_key = None
         if self.graphs and not is_prefill and not capture:
