@@ -192,9 +192,10 @@ class AREngine:
 
     def _finish_in_flight(self) -> list[RequestOutput]:
         """Launch the next decode step on top of the one in flight, then apply the latter's tokens."""
-        current = self.in_flight
+        current, self.in_flight = self.in_flight, None  # a failed launch leaves nothing in flight
         ahead = self._ahead_batch(current.seqs)
-        self.in_flight = self.runner.launch(ahead, False, ahead_of=current, async_tokens=True) if ahead else None
+        if ahead:
+            self.in_flight = self.runner.launch(ahead, False, ahead_of=current, async_tokens=True)
         sample_index, tokens, step_tensors = current.result()
         for seq in current.seqs:
             seq.num_scheduled_tokens = 1  # what the scheduler sets for a decode step
