@@ -102,7 +102,9 @@ class AREngine:
         self.requests: dict[str, Sequence] = {}
         overlap = config.overlap_decode if config.overlap_decode is not None else self.device.type == "cuda"
         # hooks that read or replace a step's tokens on the host need them before the next step
-        self.overlap_decode = overlap and not any(h in self.hooks for h in ("before_decode", "sample", "post_decode"))
+        # (a sampler that reads them through batch.recent_tokens says so: samples_ahead)
+        host_hooks = ("before_decode", "post_decode") + (() if getattr(hooks, "samples_ahead", False) else ("sample",))
+        self.overlap_decode = overlap and not any(h in self.hooks for h in host_hooks)
         self.in_flight: LaunchedStep | None = None  # a decode step whose tokens are not applied yet
 
     @classmethod

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from omni_core.scheduler.host_copy import to_device
+
 
 @dataclass
 class StepBatch:
@@ -29,6 +31,10 @@ class StepBatch:
     ``extras[b]`` is sequence ``b``'s request ``extras`` dict, shared with the model.
     ``past_tokens[i]`` lists the prompt ids (when the prompt was ids) and generated ids of
     sampled sequence ``i``; ``recent_tokens(n)`` makes a padded [len(sample_index), n] tensor.
+    In a decode step launched before the previous step's tokens reached the host (overlapped
+    decode), ``ahead_tokens`` holds those tokens on the device, one per sampled sequence: they
+    are not in ``past_tokens`` yet, but ``recent_tokens`` ends with them and
+    ``num_output_tokens`` counts them.
     """
 
     is_prefill: bool
@@ -42,19 +48,29 @@ class StepBatch:
     num_output_tokens: list[int]  # per sampled sequence, before this step's token
     past_tokens: list[list[int]]
     step_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    ahead_tokens: torch.Tensor | None = None
 
     def recent_tokens(self, n: int, pad: int = -1) -> torch.Tensor:
-        """The last ``n`` generated tokens of each sampled sequence, left-padded with ``pad``."""
-        rows = [toks[-n:] if n else [] for toks in self.past_tokens]
-        out = torch.full((len(rows), n), pad, dtype=torch.int64)
+        """The last ``n`` generated tokens of each sampled sequence, left-padded with ``pad``
+        (ending with ``ahead_tokens`` when the step was launched ahead)."""
+        ahead = self.ahead_tokens is not None and n > 0
+        known = n - 1 if ahead else n
+        rows = [toks[-known:] if known else [] for toks in self.past_tokens]
+        out = torch.full((len(rows), known), pad, dtype=torch.int64)
         for i, toks in enumerate(rows):
             if toks:
-                out[i, n - len(toks) :] = torch.tensor(toks, dtype=torch.int64)
-        return out.to(self.input_ids.device)
+                out[i, known - len(toks) :] = torch.tensor(toks, dtype=torch.int64)
+        out = to_device(out, self.input_ids.device)
+        return torch.cat([out, self.ahead_tokens[:, None].to(torch.int64)], dim=1) if ahead else out
 
 
 class ARHooks:
     """Base class of a stage's hooks; every method is optional."""
+
+    # True when ``sample`` reads generated tokens only through ``batch.recent_tokens`` and their
+    # count through ``batch.num_output_tokens``: its decode steps may then be launched before
+    # the previous step's tokens reach the host (overlapped decode, docs/engine.md)
+    samples_ahead = False
 
     def before_prefill(self, batch: StepBatch) -> None:
         """Runs before a prefill forward; may assign ``batch.input_embeds`` ([T, H])."""

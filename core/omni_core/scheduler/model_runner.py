@@ -19,6 +19,7 @@ from omni_core.models.attention import AttentionMetadata, ForwardContext
 from omni_core.models.paged_backend import resolve_attention_backend
 from omni_core.scheduler.graph_capture import CUDA_GRAPH_CAPTURE_LOCK
 from omni_core.scheduler.hooks import StepBatch
+from omni_core.scheduler.host_copy import to_device
 from omni_core.scheduler.sampler import Sampler, SamplingTensors, build_sampling_tensors
 from omni_core.scheduler.sequence import Sequence
 
@@ -178,9 +179,8 @@ class ModelRunner:
             rows = [row[s.seq_id] for s in seqs]
             if rows == list(range(len(ahead_of.seqs))):
                 ahead_ids = ahead_of.token_ids
-            else:  # some sequences stop with the step in flight; a pinned index keeps the copy from waiting on it
-                index = torch.tensor(rows, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-                ahead_ids = ahead_of.token_ids[index.to(self.device, non_blocking=True)]
+            else:  # some sequences stop with the step in flight
+                ahead_ids = ahead_of.token_ids[to_device(torch.tensor(rows, dtype=torch.int64), self.device)]
         capture = frozenset(layer for s in seqs for layer in s.hidden_layers)
         graph_key = None
         if self.graphs and not is_prefill and not capture:
@@ -193,7 +193,7 @@ class ModelRunner:
             sample_index = [b for b, s in enumerate(seqs) if s.num_computed_tokens + s.num_scheduled_tokens == len(s)]
         else:
             sample_index = list(range(len(seqs)))
-        batch = self._step_batch(seqs, is_prefill, ids, embeds, positions, query_lens, sample_index)
+        batch = self._step_batch(seqs, is_prefill, ids, embeds, positions, query_lens, sample_index, ahead_ids)
         before = self.hooks.get("before_prefill" if is_prefill else "before_decode")
         if before is not None:
             before(batch)
@@ -238,9 +238,10 @@ class ModelRunner:
         self.last_sampling = (key, tensors)
         return tensors
 
-    def _step_batch(self, seqs, is_prefill, ids, embeds, positions, query_lens, sample_index) -> StepBatch:
+    def _step_batch(self, seqs, is_prefill, ids, embeds, positions, query_lens, sample_index, ahead_ids=None) -> StepBatch:
         wants_tokens = "sample" in self.hooks or "post_prefill" in self.hooks or "post_decode" in self.hooks
         sampled = [seqs[b] for b in sample_index]
+        ahead = int(ahead_ids is not None)
         return StepBatch(
             is_prefill=is_prefill,
             request_ids=[s.request_id for s in seqs],
@@ -250,8 +251,9 @@ class ModelRunner:
             input_embeds=embeds,
             positions=positions,
             sample_index=sample_index,
-            num_output_tokens=[s.num_output_tokens for s in sampled],
+            num_output_tokens=[s.num_output_tokens + ahead for s in sampled],
             past_tokens=[(s.token_ids if s.cacheable else s.output_token_ids) for s in sampled] if wants_tokens else [],
+            ahead_tokens=ahead_ids,
         )
 
     def _per_sequence_outputs(self, seqs, batch, captured, query_lens, sample_index) -> dict[int, dict[str, Any]]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from omni_core.scheduler.host_copy import to_device
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -110,13 +112,13 @@ def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | No
     if reuse is not None:
         t = replace(reuse, penalty=None, seen_tokens=None, banned=None)
         if not t.all_greedy:
-            t.steps = torch.tensor([len(s) + ahead for s in seqs], dtype=torch.int64, device=device)
+            t.steps = to_device(torch.tensor([len(s) + ahead for s in seqs], dtype=torch.int64), device)
     elif all(p.temperature == 0 for p in params):
         t = SamplingTensors(None, None, None, None, None, None, all_greedy=True, any_top_k=False, any_top_p=False, any_min_p=False)
     else:
         # one host-to-device copy for the float parameters and one for the integer ones
-        floats = torch.tensor([[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]], dtype=torch.float32).to(device)
-        ints = torch.tensor([[p.top_k for p in params], [s.seed for s in seqs], [len(s) + ahead for s in seqs]], dtype=torch.int64).to(device)
+        floats = to_device(torch.tensor([[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]], dtype=torch.float32), device)
+        ints = to_device(torch.tensor([[p.top_k for p in params], [s.seed for s in seqs], [len(s) + ahead for s in seqs]], dtype=torch.int64), device)
         t = SamplingTensors(
             temperature=floats[0],
             top_k=ints[0],
@@ -141,9 +143,9 @@ def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | No
     under_min = [(row, s) for row, s in enumerate(seqs) if s.num_output_tokens + ahead < s.params.min_tokens and s.stop_ids]
     if under_min:
         banned = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
-        for row, s in under_min:
-            ids = [i for i in s.stop_ids if 0 <= i < vocab]
-            if ids:
-                banned[row, torch.tensor(ids, device=device)] = True
+        cells = [(row, i) for row, s in under_min for i in s.stop_ids if 0 <= i < vocab]
+        if cells:
+            index = to_device(torch.tensor(cells, dtype=torch.int64), device)
+            banned[index[:, 0], index[:, 1]] = True
         t.banned = banned
     return t

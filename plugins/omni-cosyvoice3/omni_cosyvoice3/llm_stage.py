@@ -14,6 +14,7 @@ from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
 from omni_core.scheduler.hooks import ARHooks, StepBatch
+from omni_core.scheduler.host_copy import to_device
 from omni_core.scheduler.sampler import uniform_noise
 from omni_core.scheduler.sampling_params import SamplingParams
 
@@ -27,7 +28,10 @@ SAMPLING_KEYS = {"temperature", "top_p", "top_k", "repetition_penalty"}
 
 
 class RasHooks(ARHooks):
-    """Replaces the engine's sampler with batched repetition-aware sampling."""
+    """Replaces the engine's sampler with batched repetition-aware sampling. It reads the recent
+    tokens through ``batch.recent_tokens``, so the engine may overlap its decode steps."""
+
+    samples_ahead = True
 
     def __init__(self, cfg: LLMConfig):
         self.cfg = cfg
@@ -43,17 +47,12 @@ class RasHooks(ARHooks):
         rows = [batch.extras[b]["ras"] for b in batch.sample_index]
         done = batch.num_output_tokens
         win = self.cfg.win_size
-        # every per-row number travels in one host tensor and one copy (no per-row transfers)
-        data = []
-        for r, n, past in zip(rows, done, batch.past_tokens, strict=True):
-            recent = list(past[-win:]) if win else []
-            data.append(
-                [r["top_p"], r["top_k"], r["temperature"], float(n < r["min_tokens"]), r["seed"], n]
-                + [-1] * (win - len(recent))
-                + recent
-            )
-        table = torch.tensor(data, dtype=torch.float64)
-        table = table.to(logits.device, non_blocking=True)
+        # the per-row numbers travel in one host tensor and one copy (no per-row transfers)
+        data = [
+            [r["top_p"], r["top_k"], r["temperature"], float(n < r["min_tokens"]), r["seed"], n]
+            for r, n in zip(rows, done, strict=True)
+        ]
+        table = to_device(torch.tensor(data, dtype=torch.float64), logits.device)
         params = RasParams(
             top_p=table[:, 0].float(),
             top_k=table[:, 1].long(),
@@ -63,7 +62,7 @@ class RasHooks(ARHooks):
             tau_r=self.cfg.tau_r,
         )
         uniforms = uniform_noise(table[:, 4].long(), table[:, 5].long(), 2).float()
-        history = table[:, 6:].long()
+        history = batch.recent_tokens(win, pad=-1)
         block_stop = table[:, 3] > 0
         return ras_sample(logits, history, params, uniforms, block_stop, self.cfg.speech_token_size)
 

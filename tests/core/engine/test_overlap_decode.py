@@ -3,6 +3,7 @@ previous one's tokens reach the host. Whatever the calls, the engine must produc
 the step-by-step engine produces, and leave no KV block behind."""
 
 import pytest
+import torch
 from omni_core.scheduler import AREngine, EngineConfig, EngineRequest, SamplingParams
 from omni_core.scheduler.hooks import ARHooks
 
@@ -154,3 +155,39 @@ def test_streaming_over_the_engine_loop_with_overlap(tiny_model):
         assert aengine.loop.stats["kv_blocks_free"] == 64
     finally:
         aengine.shutdown()
+
+
+class NoRecentRepeat(ARHooks):
+    """A family sampler that reads the tokens it just made (as CosyVoice3's RAS does): greedy,
+    but none of the last three tokens again, and a nudge that depends on the token count."""
+
+    samples_ahead = True
+
+    def sample(self, batch, logits):
+        scores = logits.float().clone()
+        recent = batch.recent_tokens(3)
+        rows = torch.arange(len(recent))[:, None].expand_as(recent)
+        seen = recent >= 0
+        scores[rows[seen], recent[seen]] = float("-inf")
+        nudge = torch.tensor(batch.num_output_tokens) * 7 % logits.shape[-1]
+        scores[torch.arange(len(recent)), nudge] += 1.0
+        return scores.argmax(dim=-1)
+
+
+def test_a_sampler_hook_that_reads_recent_tokens_overlaps_and_matches(tiny_model):
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (14, 3, 20, 9)]
+    results = {}
+    for overlap in (False, True):
+        engine = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=64, overlap_decode=overlap), hooks=NoRecentRepeat())
+        assert engine.overlap_decode == overlap
+        add_all(engine, params)
+        results[overlap] = run_all(engine)
+        assert_all_blocks_free(engine)
+    assert results[True] == results[False]
+    for tokens, _ in results[True].values():  # the hook did run: no token repeats within three
+        assert all(tokens[i] not in tokens[max(0, i - 3) : i] for i in range(len(tokens)))
+
+    class HostSampler(NoRecentRepeat):
+        samples_ahead = False
+
+    assert not AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=64, overlap_decode=True), hooks=HostSampler()).overlap_decode

@@ -153,3 +153,21 @@ def test_speech_token_worker_limits_and_seeds(tiny_dir):
     assert alone["x"] == runs["s0"]
     with pytest.raises(ValueError, match="unknown sampling options"):
         worker.make_request(Message("bad", "in", dict(base, sampling={"beam": 3})))
+
+
+def test_ras_decode_overlapped_gives_the_step_by_step_tokens(tiny_dir):
+    # RAS reads the recent tokens through batch.recent_tokens, so the llm's decode steps may be
+    # launched before the previous step's tokens reach the host: the draws must not change
+    model = load_llm(tiny_dir)
+    base = {"text_ids": [5, 6, 7, 8, 3, 20, 21, 22], "target_text_len": 4, "llm_prompt_tokens": [], "sampling": {}}
+    # seeds and counts decide the draws (the window's reading of the token in flight is checked
+    # in tests/core/engine/test_overlap_decode.py)
+    payloads = {f"s{i}": dict(base, seed=i, sampling={"top_k": 1 + 10 * i}) for i in range(4)}
+    runs = {}
+    for overlap in (False, True):
+        config = EngineConfig(num_kv_blocks=256, block_size=16, cuda_graphs=False, max_num_seqs=8, overlap_decode=overlap)
+        worker = SpeechTokenWorker(model, config)
+        assert AREngine(model, config, hooks=worker.hooks).overlap_decode == overlap
+        runs[overlap] = _run(worker, payloads)
+    assert runs[True] == runs[False]
+    assert len({tuple(tokens) for tokens in runs[True].values()}) == 4
