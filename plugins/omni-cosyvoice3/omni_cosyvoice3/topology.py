@@ -51,6 +51,7 @@ def llm_factory(
     kv_cache_bytes: int | None,
     cuda_graphs: bool,
     length_ratios: tuple[float, float] = (2.0, 20.0),
+    overlap_decode: bool = False,
 ):
     model = load_llm(checkpoint_dir)
     model.cfg.min_token_text_ratio, model.cfg.max_token_text_ratio = length_ratios
@@ -60,6 +61,7 @@ def llm_factory(
         dtype=_dtype(dtype),
         cuda_graphs=cuda_graphs,
         enable_prefix_caching=True,
+        overlap_decode=overlap_decode,
     )
     model = model.to(device=context.device, dtype=_dtype(dtype))
     return SpeechTokenWorker(model, config)
@@ -106,7 +108,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     hift call and llm rows, default 32), ``batch_window_ms`` (default 1), ``max_hop`` (tokens of
     the largest flow chunk, default 100), ``kv_cache_bytes``, ``cuda_graphs`` (default True),
     ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20),
-    and on CUDA the flow's and HiFT's graphs: ``flow_graphs`` / ``hift_graphs`` (buckets captured at
+    ``llm_overlap_decode`` (the llm's decode steps overlapped, default False), and on CUDA the flow's and HiFT's graphs: ``flow_graphs`` / ``hift_graphs`` (buckets captured at
     start-up: batch1 (default) | all | none | BxT,...; off: run eagerly), ``flow_graph_frames`` /
     ``hift_graph_frames`` (frame buckets, default 64,128,192,256,384,512,640,768,1024,1280,1536,2048), and
     ``flow_graph_max_work`` / ``hift_graph_max_work`` (batch x frames past which calls run eagerly, 8192)."""
@@ -156,6 +158,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                         float(options.get("min_token_text_ratio", 2.0)),
                         float(options.get("max_token_text_ratio", 20.0)),
                     ),
+                    overlap_decode=bool(options.get("llm_overlap_decode", False)),
                 ),
                 ("in",),
                 ("tokens",),

@@ -171,3 +171,11 @@ def test_ras_decode_overlapped_gives_the_step_by_step_tokens(tiny_dir):
         runs[overlap] = _run(worker, payloads)
     assert runs[True] == runs[False]
     assert len({tuple(tokens) for tokens in runs[True].values()}) == 4
+    # the build option reaches the llm's engine (off unless asked for)
+    from types import SimpleNamespace
+
+    from omni_cosyvoice3.topology import build
+
+    for options, expected in (({}, False), ({"llm_overlap_decode": True}, True)):
+        llm = next(stage for stage in build(tiny_dir, options).stages if stage.name == "llm")
+        assert llm.factory(SimpleNamespace(device=torch.device("cpu"))).engine_config.overlap_decode is expected
