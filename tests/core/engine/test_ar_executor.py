@@ -4,6 +4,7 @@ import asyncio
 import threading
 import time
 
+import pytest
 import torch
 from omni_core.hooks import get_plugin_manager
 from omni_core.pipeline.topology import StageSpec
@@ -132,9 +133,12 @@ def test_stage_with_custom_request_and_per_request_extras(tiny_model):
         assert collector.tokens(f"r{i}") == ref
 
 
-def test_async_stream_and_early_exit_frees_blocks(tiny_model):
-    engine = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=64))
-    expected = engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids
+@pytest.mark.parametrize("overlap", [False, True], ids=["step-by-step", "overlapped"])
+def test_async_stream_and_early_exit_frees_blocks(tiny_model, overlap):
+    # overlapped: the loop thread applies adds and aborts while a decode step may be in flight
+    step_by_step = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=64, overlap_decode=False))
+    expected = step_by_step.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids
+    engine = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=64, overlap_decode=overlap))
     aengine = AsyncAREngine(engine)
 
     async def main():

@@ -128,35 +128,6 @@ def test_sequences_that_need_their_tokens_on_the_host_run_step_by_step(tiny_mode
     assert not engine_for(tiny_model, None).overlap_decode  # CPU: off unless asked for
 
 
-def test_streaming_over_the_engine_loop_with_overlap(tiny_model):
-    # the loop thread applies adds and aborts between steps, while a step may be in flight
-    import asyncio
-    import time
-
-    from omni_core.scheduler import AsyncAREngine
-
-    params = SamplingParams(temperature=0.8, top_k=30, max_tokens=12, seed=9)
-    expected = engine_for(tiny_model, False).generate([[5, 6, 7], [8, 9]], params)
-    engine = engine_for(tiny_model, True, num_kv_blocks=64)
-    aengine = AsyncAREngine(engine)
-
-    async def main():
-        together = await asyncio.gather(aengine.generate([5, 6, 7], params), aengine.generate([8, 9], params))
-        async for _ in aengine.stream([1, 2], SamplingParams(max_tokens=100, ignore_eos=True)):
-            break  # leaving early aborts, possibly with a step in flight
-        return together
-
-    try:
-        together = asyncio.run(main())
-        assert [g.token_ids for g in together] == [o.token_ids for o in expected]
-        deadline = time.monotonic() + 10
-        while engine.has_unfinished() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert aengine.loop.stats["kv_blocks_free"] == 64
-    finally:
-        aengine.shutdown()
-
-
 class NoRecentRepeat(ARHooks):
     """A family sampler that reads the tokens it just made (as CosyVoice3's RAS does): greedy,
     but none of the last three tokens again, and a nudge that depends on the token count."""
