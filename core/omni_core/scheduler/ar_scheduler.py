@@ -84,6 +84,23 @@ class Scheduler:
                 batch.append(seq)
         return batch
 
+    def schedule_ahead(self, seqs: list[Sequence]) -> list[Sequence] | None:
+        """The decode step after the one ``seqs`` run (in flight, its tokens not applied yet):
+        those of ``seqs`` that do not reach ``max_tokens`` with the token in flight, each given
+        the KV slot one token on. None when that step must wait for the tokens: a request is
+        waiting or prefilling, the running set is no longer ``seqs`` (an abort, a finish), or a
+        block is missing (only a scheduled step may preempt)."""
+        if self.waiting or self.prefilling or list(self.running) != seqs:
+            return None
+        batch = [s for s in seqs if s.num_output_tokens + 1 < s.params.max_tokens]
+        bm = self.block_manager
+        if not batch or sum(bm.needs_block(s, ahead=1) for s in batch) > bm.num_free_blocks:
+            return None
+        for seq in batch:
+            bm.append_slot(seq, ahead=1)
+            seq.num_scheduled_tokens = 1
+        return batch
+
     def _preempt(self, seq: Sequence) -> None:
         self.num_preemptions += 1
         self.running.remove(seq)
@@ -96,7 +113,8 @@ class Scheduler:
         whose prefill is still partial have none). Returns the sequences that finished."""
         finished = []
         for seq in seqs:
-            seq.num_computed_tokens += seq.num_scheduled_tokens
+            # a decode step computes one token; its sequences may already be scheduled ahead
+            seq.num_computed_tokens += seq.num_scheduled_tokens if is_prefill else 1
             seq.num_scheduled_tokens = 0
             self.block_manager.register_computed(seq)
             token = sampled.get(seq.seq_id)

@@ -195,34 +195,15 @@ class AREngine:
     def _finish_in_flight(self) -> list[RequestOutput]:
         """Launch the next decode step on top of the one in flight, then apply the latter's tokens."""
         current, self.in_flight = self.in_flight, None  # a failed launch leaves nothing in flight
-        ahead = self._ahead_batch(current.seqs)
+        # current's sequences passed _overlaps when it was launched, and the step ahead takes a subset
+        ahead = self.scheduler.schedule_ahead(current.seqs)
         if ahead:
             self.in_flight = self.runner.launch(ahead, False, ahead_of=current, async_tokens=True)
         sample_index, tokens, step_tensors = current.result()
-        for seq in current.seqs:
-            seq.num_scheduled_tokens = 1  # what the scheduler sets for a decode step
         return self._apply(current.seqs, False, sample_index, tokens, step_tensors)
 
     def _overlaps(self, seqs: list[Sequence]) -> bool:
         return self.overlap_decode and all(not s.hidden_layers and s.params.repetition_penalty == 1.0 for s in seqs)
-
-    def _ahead_batch(self, seqs: list[Sequence]) -> list[Sequence] | None:
-        """The sequences of the decode step after ``seqs``'s (in flight), given KV slots for it,
-        or None when that step should wait for the tokens: a request is waiting or prefilling,
-        the running set changed, or the cache lacks a block (the scheduler may then preempt)."""
-        sched = self.scheduler
-        if sched.waiting or sched.prefilling or list(sched.running) != seqs:
-            return None
-        # those that reach max_tokens with the token in flight stop there
-        batch = [s for s in seqs if s.num_output_tokens + 1 < s.params.max_tokens]
-        if not batch or not self._overlaps(batch):
-            return None
-        bm = self.block_manager
-        if sum(bm.needs_block(s, ahead=1) for s in batch) > bm.num_free_blocks:
-            return None
-        for seq in batch:
-            bm.append_slot(seq, ahead=1)
-        return batch
 
     def _apply(self, seqs: list[Sequence], is_prefill: bool, sample_index: list[int], tokens: list[int], step_tensors: dict) -> list[RequestOutput]:
         """Advance ``seqs`` by a step's tokens; outputs for the caller. Sequences that finished

@@ -86,15 +86,14 @@ class ModelRunner:
 
     # ---- batch preparation -------------------------------------------------------------------
 
-    def _block_tables(self, seqs: list[Sequence], width: int | None = None) -> torch.Tensor:
-        width = width or max(len(s.block_table) for s in seqs)
+    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        width = max(len(s.block_table) for s in seqs)
         rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
         return torch.tensor(rows, dtype=torch.int64)
 
     def _prepare(self, seqs: list[Sequence], is_prefill: bool, ahead_ids: torch.Tensor | None = None):
         bs, dev = self.block_size, self.device
-        # a step launched ahead computes one token per sequence (the scheduler did not set it)
-        query_lens = [1] * len(seqs) if ahead_ids is not None else [s.num_scheduled_tokens for s in seqs]
+        query_lens = [s.num_scheduled_tokens for s in seqs]
         context_lens = [s.num_computed_tokens + n for s, n in zip(seqs, query_lens, strict=True)]
         block_tables = self._block_tables(seqs)
         max_q = max(query_lens)
@@ -175,12 +174,10 @@ class ModelRunner:
         waiting (``result()`` then waits for this step alone)."""
         ahead_ids = None
         if ahead_of is not None:
-            row = {s.seq_id: b for b, s in enumerate(ahead_of.seqs)}
-            rows = [row[s.seq_id] for s in seqs]
-            if rows == list(range(len(ahead_of.seqs))):
-                ahead_ids = ahead_of.token_ids
-            else:  # some sequences stop with the step in flight
-                ahead_ids = ahead_of.token_ids[to_device(torch.tensor(rows, dtype=torch.int64), self.device)]
+            ahead_ids = ahead_of.token_ids
+            if seqs != ahead_of.seqs:  # some sequences stop with the step in flight
+                row = {s.seq_id: b for b, s in enumerate(ahead_of.seqs)}
+                ahead_ids = ahead_ids[to_device(torch.tensor([row[s.seq_id] for s in seqs], dtype=torch.int64), self.device)]
         capture = frozenset(layer for s in seqs for layer in s.hidden_layers)
         graph_key = None
         if self.graphs and not is_prefill and not capture:
