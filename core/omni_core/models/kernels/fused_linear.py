@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from omni_core.models.kernels import fuses_qkv_rotary
 from omni_core.models.kernels.launch import launch_options, multiprocessors
 
 PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_ADD_NORM = 0, 1, 2
@@ -205,7 +206,7 @@ def _block_k(K: int) -> int:
 
 
 def _launch(x, weight, bias, out, *, prologue=PROLOGUE_NONE, residual=None, norm_weight=None, eps=0.0, residual_out=None,
-            epilogue=EPILOGUE_STORE, columns: int, second_offset: int = 0, block_n: int = 16,
+            epilogue=EPILOGUE_STORE, columns: int, second_offset: int = 0, block_n: int,
             rotary=None, num_warps: int | None = None, block_k: int | None = None, early_launch: bool = True) -> None:
     M, K = x.shape
     if weight.stride(1) != 1 or x.stride(1) != 1:
@@ -305,9 +306,8 @@ def qkv_rotary_store(x: torch.Tensor, qkv_weight: torch.Tensor, bias: torch.Tens
         cos2, sin2 = cos2.contiguous(), sin2.contiguous()
     q = torch.empty(M, num_heads * head_dim, dtype=x.dtype, device=x.device)
     residual_out = torch.empty_like(x) if residual is not None else None
-    half = head_dim // 2
     heads = num_heads + 2 * num_kv_heads
-    if half % 4:
+    if not fuses_qkv_rotary(head_dim):
         raise ValueError(f"head_dim {head_dim}: the fused projection needs a multiple of 8")
     block_n = block_n or 4  # pairs of columns per program
     _launch(x, qkv_weight, bias, q, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight, eps=eps,

@@ -1,9 +1,10 @@
 """How the fused kernels are launched on a device: programmatic dependent launch (Hopper and
 newer), and the multiprocessor count that sizes grids.
 
-With programmatic dependent launch a kernel may launch while the one before it is finishing; it
+With programmatic dependent launch a kernel may launch while the one before it still runs; it
 waits (``gdc_wait``) before reading anything the earlier kernel writes, and lets its own
-successor launch (``gdc_launch_dependents``) once its main reads are done. ``OMNI_PDL=0`` turns
+successor launch (``gdc_launch_dependents``; the projection, attention and norm kernels do so as
+they start, so the successor's weight reads overlap them). ``OMNI_PDL=0`` turns
 it off (read once per process; for comparison, or a driver that mishandles it); under ``TRITON_INTERPRET=1`` (the
 kernels on CPU tensors) it is always off.
 """
