@@ -67,9 +67,11 @@ class QwenAttention(nn.Module):
         (o_proj output, residual stream)."""
         T = x.shape[0]
         k_cache, v_cache = ctx.kv_caches[self.layer_index]
+        cos, sin, *positions = rope  # (cos rows, sin rows) or (cos table, sin table, positions)
         out = kernels.qkv_rotary_store(
-            x, self.qkv_proj.weight, self.qkv_proj.bias, rope[0], rope[1], ctx.meta.slot_mapping, k_cache, v_cache,
+            x, self.qkv_proj.weight, self.qkv_proj.bias, cos, sin, ctx.meta.slot_mapping, k_cache, v_cache,
             self.num_heads, self.num_kv_heads, self.head_dim, residual=residual, norm_weight=norm.weight, eps=norm.eps,
+            positions=positions[0] if positions else None,
         )
         q, residual = out if residual is not None else (out, x)
         attn = ctx.backend.attend_cached(q.view(T, self.num_heads, self.head_dim), k_cache, v_cache, ctx.meta, self.head_dim**-0.5)
@@ -130,7 +132,11 @@ class QwenModel(nn.Module):
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = embeds
         ctx.capture(0, x)
-        rope = self.rotary.table(positions, x.dtype)
+        if ctx.fused_decode_rows and self.layers[0].self_attn.fuses_decode:
+            # every layer's fused q/k/v kernel looks its rows up in the tables: no gather kernels
+            rope = (self.rotary.cos, self.rotary.sin, positions)
+        else:
+            rope = self.rotary.table(positions, x.dtype)
         last = len(self.layers)
         residual = None
         for i, layer in enumerate(self.layers):

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from omni_core.models import kernels
 from omni_core.models.attention import AttentionMetadata, ForwardContext
 from omni_core.models.paged_backend import resolve_attention_backend
 from omni_core.scheduler.graph_capture import CUDA_GRAPH_CAPTURE_LOCK
@@ -348,7 +349,9 @@ class ModelRunner:
                 embeds = self.model.embed(st["ids"]) if self.embed_in_graph else st["embeds"]
                 hidden = self.model(embeds, st["positions"], ctx)
                 logits = self.model.compute_logits(hidden)
-                return embeds, hidden, logits, logits.argmax(dim=-1)
+                # the fused backend's argmax kernel: torch's reduction cost 4x more at these sizes
+                greedy = kernels.argmax(logits) if getattr(self.backend, "fused_ops", False) else logits.argmax(dim=-1)
+                return embeds, hidden, logits, greedy
 
             with CUDA_GRAPH_CAPTURE_LOCK:
                 for _ in range(2):  # warm up kernels and allocator outside the graph

@@ -64,22 +64,27 @@ def test_gated_linear(rows):
     torch.testing.assert_close(kernels.skinny_gated_linear(x, gate_up), kernels.silu_mul(F.linear(x, gate_up)), **TOL[DTYPE])
 
 
-@pytest.mark.parametrize("first_layer", [True, False])
+# by_position: the kernel is given the whole cos/sin tables and looks each row's position up
+@pytest.mark.parametrize("first_layer,by_position", [(True, False), (False, False), (False, True)])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (4, 2, 32)] if INTERPRET else [(4, 2, 16), (14, 2, 64), (16, 8, 128)])
-def test_qkv_rotary_store(heads, kv_heads, dim, first_layer):
+def test_qkv_rotary_store(heads, kv_heads, dim, first_layer, by_position):
     T, hidden = 5, 48
     positions = torch.tensor([0, 3, 17, 100, 255], device=DEVICE)
-    cos, sin = RotaryEmbedding(dim, 256, 10000.0).to(DEVICE).table(positions, DTYPE)
+    rotary = RotaryEmbedding(dim, 256, 10000.0).to(DEVICE)
+    cos, sin = rotary.table(positions, DTYPE)
+    given = dict(cos=rotary.cos, sin=rotary.sin, positions=positions) if by_position else dict(cos=cos, sin=sin)
     weight, bias = randn((heads + 2 * kv_heads) * dim, hidden) * 0.2, randn((heads + 2 * kv_heads) * dim)
     x, residual = randn(T, hidden), randn(T, hidden)
     norm = norm_of(hidden)
     slots = torch.tensor([3, 40, 41, 0, 63], device=DEVICE)
     k_cache, v_cache = torch.zeros(2, 64, kv_heads, dim, device=DEVICE, dtype=DTYPE)
     if first_layer:
-        q = kernels.qkv_rotary_store(x, weight, bias, cos, sin, slots, k_cache, v_cache, heads, kv_heads, dim, norm_weight=norm.weight, eps=norm.eps)
+        q = kernels.qkv_rotary_store(x, weight, bias, slot_mapping=slots, k_cache=k_cache, v_cache=v_cache, num_heads=heads, num_kv_heads=kv_heads,
+                                     head_dim=dim, norm_weight=norm.weight, eps=norm.eps, **given)
         normed = norm(x)
     else:
-        q, total = kernels.qkv_rotary_store(x, weight, bias, cos, sin, slots, k_cache, v_cache, heads, kv_heads, dim, residual, norm.weight, norm.eps)
+        q, total = kernels.qkv_rotary_store(x, weight, bias, slot_mapping=slots, k_cache=k_cache, v_cache=v_cache, num_heads=heads,
+                                            num_kv_heads=kv_heads, head_dim=dim, residual=residual, norm_weight=norm.weight, eps=norm.eps, **given)
         normed, ref_total = norm(x, residual)
         torch.testing.assert_close(total, ref_total, **TOL[DTYPE])
     ref_q, ref_k, ref_v = F.linear(normed, weight, bias).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
@@ -92,12 +97,14 @@ def test_qkv_rotary_store(heads, kv_heads, dim, first_layer):
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_weight_streamed_over_several_k_tiles(rows):
-    # tiles narrower than K: the first is requested before the prologue and each next one while
-    # the current is multiplied; K not a multiple of the tile leaves the last one partly masked
+@pytest.mark.parametrize("K", [80, 88])
+def test_weight_streamed_over_several_k_tiles(rows, K):
+    # tiles narrower than K: the first (and the tail past the whole tiles: 16 of 80, 24 of 88 in a
+    # masked 32-wide tile) is requested before the prologue and each next one while the current is
+    # multiplied; with 16-wide tiles, 80 is five whole tiles and 88 leaves a tail of 8
     from omni_core.models.kernels import fused_linear
 
-    K, N, inter = 80, 24, 20
+    N, inter = 24, 20
     x, residual, weight, bias = randn(rows, K), randn(rows, K), randn(N, K), randn(N)
     norm = norm_of(K)
     out, total = fused_linear.linear(x, weight, bias, residual, norm.weight, norm.eps, block_k=32)

@@ -52,6 +52,21 @@ def test_silu_mul_matches_gated_mlp():
     torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up, **TOL[DTYPE])
 
 
+@pytest.mark.parametrize("vocab", [1, 200, 6761])
+def test_argmax_takes_the_first_largest_logit(vocab, monkeypatch):
+    from omni_core.models.kernels import greedy
+
+    monkeypatch.setattr(greedy, "CHUNK", 64)  # several chunks per row, so ties can span them
+    logits = randn(3, vocab)
+    if vocab > 130:
+        logits[0, [7, 130]] = 10.0  # a tie across chunks and one inside a chunk: the first wins
+        logits[1, [70, 71]] = 10.0
+    got = kernels.argmax(logits)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, logits.argmax(dim=-1))
+    assert kernels.argmax(logits[:0]).shape == (0,)
+
+
 # under the interpreter only small shapes: each program runs as Python
 SHAPES = [(4, 2, 16)] if INTERPRET else [(4, 2, 16), (14, 2, 64)]
 

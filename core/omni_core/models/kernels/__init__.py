@@ -49,6 +49,13 @@ def rotary_store_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
     impl(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
 
 
+def argmax(logits):
+    """``logits.argmax(dim=-1)`` of [N, V] logits (the first index on ties); see ``kernels.greedy``."""
+    from omni_core.models.kernels.greedy import argmax as impl
+
+    return impl(logits)
+
+
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, num_splits=None):
     """One query token per sequence against its paged KV history; see ``paged_attention``."""
     from omni_core.models.kernels.paged_attention import paged_decode_attention as impl
@@ -76,11 +83,14 @@ def skinny_gated_linear(x, gate_up_weight, residual=None, norm_weight=None, eps=
     return impl(x, gate_up_weight, residual, norm_weight, eps)
 
 
-def qkv_rotary_store(x, qkv_weight, bias, cos, sin, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim, residual=None, norm_weight=None, eps=0.0):
-    """Attention input projection + rotary + paged-cache write of decode rows, in one kernel; returns q."""
+def qkv_rotary_store(x, qkv_weight, bias, cos, sin, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim, residual=None, norm_weight=None,
+                     eps=0.0, positions=None):
+    """Attention input projection + rotary + paged-cache write of decode rows, in one kernel; returns q
+    (with ``positions``, ``cos``/``sin`` are the whole tables)."""
     from omni_core.models.kernels.fused_linear import qkv_rotary_store as impl
 
-    return impl(x, qkv_weight, bias, cos, sin, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim, residual, norm_weight, eps)
+    return impl(x, qkv_weight, bias, cos, sin, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim, residual, norm_weight, eps,
+                positions=positions)
 
 
 def fuses_qkv_rotary(head_dim: int) -> bool:
@@ -89,6 +99,6 @@ def fuses_qkv_rotary(head_dim: int) -> bool:
 
 
 __all__ = [
-    "SKINNY_MAX_ROWS", "fuses_qkv_rotary", "paged_decode_attention", "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul",
+    "SKINNY_MAX_ROWS", "argmax", "fuses_qkv_rotary", "paged_decode_attention", "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul",
     "skinny_gated_linear", "skinny_linear", "triton_available", "triton_unavailable_reason",
 ]

@@ -26,6 +26,9 @@ while this one still runs, and only its reads of x wait for this one to finish.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -81,15 +84,31 @@ def _weight_tile(w_ptr, rows, valid, stride_wn, offs_k, K: tl.constexpr):
 
 
 @triton.jit
+def _tile_product(acc_a, acc_b, wa, wb, offs_k, x_ptr, res_ptr, norm_w_ptr, pid_m, M, K: tl.constexpr, stride_xm, stride_rm,
+                  inv_rms, w_dtype, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """acc += each row of prologue(x) at ``offs_k`` times the weight tile(s) ``wa`` (and ``wb``)."""
+    row_ids = tl.arange(0, BLOCK_M)
+    wa_f = wa.to(tl.float32)
+    wb_f = wb.to(tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        inv = tl.sum(tl.where(row_ids == m, inv_rms, 0.0), axis=0)
+        xr = _input_row(x_ptr, res_ptr, norm_w_ptr, pid_m * BLOCK_M + m, offs_k, M, K, stride_xm, stride_rm, inv, w_dtype, PROLOGUE)
+        acc_a += tl.where((row_ids == m)[:, None], tl.sum(wa_f * xr[None, :], axis=1)[None, :], 0.0)
+        if EPILOGUE != 0:
+            acc_b += tl.where((row_ids == m)[:, None], tl.sum(wb_f * xr[None, :], axis=1)[None, :], 0.0)
+    return acc_a, acc_b
+
+
+@triton.jit
 def _skinny_linear_kernel(
     x_ptr, res_ptr, norm_w_ptr, w_ptr, bias_ptr, out_ptr, res_out_ptr,
-    cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    cos_ptr, sin_ptr, pos_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
     M, K: tl.constexpr, n_cols, second_offset, eps,
     stride_xm, stride_rm, stride_rom, stride_wn, stride_om, stride_rope, stride_cache_slot, stride_cache_head,
     num_q_heads, num_kv_heads,
     PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF: tl.constexpr,
-    PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MAIN_K: tl.constexpr, TAIL_K: tl.constexpr,
+    HALF: tl.constexpr, ROPE_BY_POSITION: tl.constexpr, PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -109,14 +128,21 @@ def _skinny_linear_kernel(
     valid_a = rows_a < n_rows
     if PDL and EARLY_LAUNCH:  # the next kernel may launch now and request its own weight
         tl.extra.cuda.gdc_launch_dependents()
-    # the weight does not depend on the previous kernel: its first tile is requested before the
-    # wait, and each step requests the next tile before multiplying this one, so the weight
-    # stream never waits on x, the norm or the arithmetic
+    # the weight does not depend on the previous kernel: its first tile (and the tail past the
+    # whole tiles) is requested before the wait, and each step requests the next tile before
+    # multiplying this one, so the weight stream never waits on x, the norm or the arithmetic
     offs_k = tl.arange(0, BLOCK_K)
-    wa = _weight_tile(w_ptr, rows_a, valid_a, stride_wn, offs_k, K)
+    wa = _weight_tile(w_ptr, rows_a, valid_a, stride_wn, offs_k, MAIN_K)
     wb = wa
     if EPILOGUE != 0:
-        wb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_k, K)
+        wb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_k, MAIN_K)
+    if TAIL_K > 0:  # a compile-time branch: offs_t, ta and tb exist only with a tail
+        offs_t = MAIN_K + tl.arange(0, TAIL_K)
+        ta = _weight_tile(w_ptr, rows_a, valid_a, stride_wn, offs_t, K)
+        if EPILOGUE != 0:
+            tb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_t, K)
+        else:
+            tb = ta
     # nor do the bias, the rotary rows and the cache slots (written before the step's first kernel)
     m_mask = (offs_m < M)[:, None]
     bias_a = tl.zeros([BLOCK_N], tl.float32)
@@ -126,9 +152,14 @@ def _skinny_linear_kernel(
         if EPILOGUE != 0:
             bias_b = tl.load(bias_ptr + rows_b, mask=valid_a, other=0.0).to(tl.float32)
     if EPILOGUE == 2:
-        rope = offs_m[:, None] * stride_rope + j[None, :]
-        cos = tl.load(cos_ptr + rope, mask=m_mask, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + rope, mask=m_mask, other=0.0).to(tl.float32)
+        rope_rows = offs_m
+        if ROPE_BY_POSITION:  # cos/sin are whole tables: each row's position picks its row
+            rope_rows = tl.load(pos_ptr + offs_m, mask=offs_m < M, other=0).to(tl.int64)
+        rope = rope_rows[:, None] * stride_rope + j[None, :]
+        # rounded to the stream's dtype, as the unfused path's table lookup is
+        stream_ty = x_ptr.dtype.element_ty
+        cos = tl.load(cos_ptr + rope, mask=m_mask, other=0.0).to(stream_ty).to(tl.float32)
+        sin = tl.load(sin_ptr + rope, mask=m_mask, other=0.0).to(stream_ty).to(tl.float32)
         slot = tl.load(slot_ptr + offs_m, mask=offs_m < M, other=0).to(tl.int64)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x (and the residual) come from the previous kernel
@@ -139,26 +170,21 @@ def _skinny_linear_kernel(
                            PROLOGUE, pid_n == 0, BLOCK_M, BLOCK_K)
     acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    row_ids = tl.arange(0, BLOCK_M)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(0, MAIN_K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         next_wa = wa
         next_wb = wb
-        if K > BLOCK_K:  # more than one tile: request the next (all masked off after the last)
-            next_wa = _weight_tile(w_ptr, rows_a, valid_a, stride_wn, offs_k + BLOCK_K, K)
+        if MAIN_K > BLOCK_K:  # more than one tile: request the next (all masked off after the last)
+            next_wa = _weight_tile(w_ptr, rows_a, valid_a, stride_wn, offs_k + BLOCK_K, MAIN_K)
             if EPILOGUE != 0:
-                next_wb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_k + BLOCK_K, K)
-        wa_f = wa.to(tl.float32)
-        wb_f = wb.to(tl.float32)
-        for m in tl.static_range(BLOCK_M):
-            inv = tl.sum(tl.where(row_ids == m, inv_rms, 0.0), axis=0)
-            xr = _input_row(x_ptr, res_ptr, norm_w_ptr, pid_m * BLOCK_M + m, offs_k, M, K, stride_xm, stride_rm, inv,
-                            w_ptr.dtype.element_ty, PROLOGUE)
-            acc_a += tl.where((row_ids == m)[:, None], tl.sum(wa_f * xr[None, :], axis=1)[None, :], 0.0)
-            if EPILOGUE != 0:
-                acc_b += tl.where((row_ids == m)[:, None], tl.sum(wb_f * xr[None, :], axis=1)[None, :], 0.0)
+                next_wb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_k + BLOCK_K, MAIN_K)
+        acc_a, acc_b = _tile_product(acc_a, acc_b, wa, wb, offs_k, x_ptr, res_ptr, norm_w_ptr, pid_m, M, K, stride_xm, stride_rm,
+                                     inv_rms, w_ptr.dtype.element_ty, PROLOGUE, EPILOGUE, BLOCK_M)
         wa = next_wa
         wb = next_wb
+    if TAIL_K > 0:
+        acc_a, acc_b = _tile_product(acc_a, acc_b, ta, tb, offs_t, x_ptr, res_ptr, norm_w_ptr, pid_m, M, K, stride_xm, stride_rm,
+                                     inv_rms, w_ptr.dtype.element_ty, PROLOGUE, EPILOGUE, BLOCK_M)
     if PDL and not EARLY_LAUNCH:
         tl.extra.cuda.gdc_launch_dependents()  # the weight is read: the next kernel may launch
     if HAS_BIAS:
@@ -200,9 +226,22 @@ def _block_m(m: int) -> int:
 
 
 def _block_k(K: int) -> int:
-    """The K span of one weight tile: all of K up to 1024, else 2048 (on the H200 at one row,
-    o_proj and the 896-wide inputs ran fastest in one 1024 tile, down_proj in 2048 tiles)."""
+    """The K span of one weight tile: all of K up to 1024, 4096 from 4096 on, else 2048 (on the
+    H200 at one row, o_proj and the 896-wide inputs ran fastest in one 1024 tile, down_proj
+    (K 4864) in a 4096 tile and its tail)."""
+    if K >= 4096:
+        return 4096
     return min(triton.next_power_of_2(K), 2048)
+
+
+def _k_tiles(K: int, block_k: int) -> tuple[int, int, int]:
+    """(BLOCK_K, MAIN_K, TAIL_K): whole ``block_k`` tiles over the first MAIN_K of K, then a
+    power-of-two tail tile for the rest (0: none), requested with the first tile before the wait.
+    One tile at least as wide as K covers it all, masked."""
+    if block_k >= K:
+        return triton.next_power_of_2(K), K, 0
+    rest = K % block_k
+    return block_k, K - rest, triton.next_power_of_2(rest) if rest else 0
 
 
 def _launch(x, weight, bias, out, *, prologue=PROLOGUE_NONE, residual=None, norm_weight=None, eps=0.0, residual_out=None,
@@ -213,6 +252,7 @@ def _launch(x, weight, bias, out, *, prologue=PROLOGUE_NONE, residual=None, norm
         raise ValueError("x and the weight need unit stride along K")
     pdl = launch_options(x.device)
     dummy = out
+    positions = None  # rotary rows given per row (or no rotary at all)
     if rotary is None:
         cos = sin = slots = k_cache = v_cache = dummy
         stride_rope = stride_slot = stride_head = 0
@@ -220,36 +260,76 @@ def _launch(x, weight, bias, out, *, prologue=PROLOGUE_NONE, residual=None, norm
         half = 16
         grid_n = triton.cdiv(columns, block_n)
     else:
-        cos, sin, slots, k_cache, v_cache, q_heads, kv_heads, head_dim = rotary
+        cos, sin, positions, slots, k_cache, v_cache, q_heads, kv_heads, head_dim = rotary
         half = head_dim // 2
         stride_rope, stride_slot, stride_head = cos.stride(0), k_cache.stride(0), k_cache.stride(1)
         grid_n = (q_heads + 2 * kv_heads) * (half // block_n)
     block_m = _block_m(M)
     # 4 warps: with the weight requested up front, every projection ran fastest with 4 on the H200
     num_warps = num_warps or 4
-    block_k = block_k or _block_k(K)
+    block_k, main_k, tail_k = _k_tiles(K, block_k or _block_k(K))
     _skinny_linear_kernel[(grid_n, triton.cdiv(M, block_m))](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else weight,
         weight, bias if bias is not None else weight, out, residual_out if residual_out is not None else out,
-        cos, sin, slots, k_cache, v_cache,
+        cos, sin, dummy if positions is None else positions, slots, k_cache, v_cache,
         M, K, columns, second_offset, eps,
         x.stride(0), residual.stride(0) if residual is not None else 0, residual_out.stride(0) if residual_out is not None else 0,
         weight.stride(0), out.stride(0), stride_rope, stride_slot, stride_head,
         q_heads, kv_heads,
         PROLOGUE=prologue, EPILOGUE=epilogue, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HALF=half,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, MAIN_K=main_k, TAIL_K=tail_k, HALF=half, ROPE_BY_POSITION=positions is not None,
         PDL=pdl, EARLY_LAUNCH=early_launch, num_warps=num_warps, launch_pdl=pdl,
     )
 
 
+TILES_ENV = "OMNI_FUSED_TILES"
+
+
+@functools.cache
+def tile_override(role: str, K: int) -> tuple[int | None, int | None, int | None, bool | None]:
+    """(block_n, num_warps, block_k, early_launch) that ``$OMNI_FUSED_TILES`` sets for a projection
+    (None: the default), for tuning on another GPU without editing code; read once per process.
+    The variable holds ``role=block_n,num_warps,block_k[,early_launch]`` entries separated by
+    ``;``, role being ``qkv``, ``gate_up``, ``linear`` or ``linear<K>`` (a plain linear of that
+    input size, e.g. ``linear4864``); 0 keeps a default size, and early launch is 0 or 1:
+    ``OMNI_FUSED_TILES="linear4864=2,4,4096;gate_up=16,4,512,0"``."""
+    entries = {}
+    for entry in filter(None, os.environ.get(TILES_ENV, "").split(";")):
+        name, _, values = entry.partition("=")
+        try:
+            entries[name.strip()] = [int(v) for v in values.split(",")]
+        except ValueError:
+            raise ValueError(f"{TILES_ENV}: cannot read {entry!r} (expected role=block_n,num_warps,block_k[,early_launch])") from None
+    tile = entries.get(f"{role}{K}") if role == "linear" else None
+    tile = tile or entries.get(role) or []
+    sizes = [(tile[i] or None) if i < len(tile) else None for i in range(3)]
+    return (*sizes, bool(tile[3]) if len(tile) > 3 else None)
+
+
+def _tile(role: str, K: int, block_n, num_warps, block_k, early_launch):
+    """The caller's tile where given, else ``$OMNI_FUSED_TILES``'s (``tile_override``)."""
+    default = tile_override(role, K)
+    early = early_launch if early_launch is not None else default[3]
+    return block_n or default[0], num_warps or default[1], block_k or default[2], True if early is None else early
+
+
 def _block_n(columns: int, device: torch.device, most: int = 8) -> int:
-    """Column tile: the widest (up to ``most``) that still gives every multiprocessor two programs.
-    On the H200 at one row, 8 columns (16 weight rows) per program streamed the gate/up weight
-    fastest and 4 the 896-wide projections (benchmarks/fused_linear_gpu.py)."""
+    """Column tile: the widest (up to ``most``) that still gives every multiprocessor two programs."""
     block = most
     while block > 4 and triton.cdiv(columns, block) < 2 * multiprocessors(device):
         block //= 2
     return block
+
+
+# Column tiles from the H200 at one and two rows (benchmarks/engine_gpu.py --ab in the engine:
+# the projections of a step compete for multiprocessors, so they were tuned together, not one by
+# one): a plain linear (o_proj, down_proj) ran fastest with two columns per program; gate/up with
+# 8 column pairs at one row and 4 at two; q/k/v with 4 pairs (EPILOGUE_ROTARY_KV).
+LINEAR_BLOCK_N = 2
+
+
+def _gate_up_block_n(rows: int, columns: int, device: torch.device) -> int:
+    return _block_n(columns, device, most=8 if rows == 1 else 4)
 
 
 def _prologue(residual, norm_weight):
@@ -260,30 +340,32 @@ def _prologue(residual, norm_weight):
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
            norm_weight: torch.Tensor | None = None, eps: float = 0.0, block_n: int | None = None, num_warps: int | None = None,
-           block_k: int | None = None, early_launch: bool = True):
+           block_k: int | None = None, early_launch: bool | None = None):
     """``prologue(x) @ weight^T + bias`` for x [M, K]; with ``norm_weight``, the prologue is RMSNorm
     (of ``x + residual`` when given, and then returns ``(out, x + residual)``)."""
-    M = x.shape[0]
+    M, K = x.shape
     N = weight.shape[0]
+    block_n, num_warps, block_k, early_launch = _tile("linear", K, block_n, num_warps, block_k, early_launch)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     residual_out = torch.empty_like(x) if residual is not None else None
     _launch(x, weight, bias, out, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight, eps=eps,
-            residual_out=residual_out, columns=N, block_n=block_n or _block_n(N, x.device), num_warps=num_warps, block_k=block_k, early_launch=early_launch)
+            residual_out=residual_out, columns=N, block_n=block_n or LINEAR_BLOCK_N, num_warps=num_warps, block_k=block_k, early_launch=early_launch)
     return out if residual is None else (out, residual_out)
 
 
 def gated_linear(x: torch.Tensor, gate_up_weight: torch.Tensor, residual: torch.Tensor | None = None,
                  norm_weight: torch.Tensor | None = None, eps: float = 0.0, block_n: int | None = None, num_warps: int | None = None,
-                 block_k: int | None = None, early_launch: bool = True):
+                 block_k: int | None = None, early_launch: bool | None = None):
     """``silu(g) * u`` where ``[g, u] = prologue(x) @ gate_up_weight^T`` (gate rows first); the
     prologue and the return value as in ``linear``."""
-    M = x.shape[0]
+    M, K = x.shape
+    block_n, num_warps, block_k, early_launch = _tile("gate_up", K, block_n, num_warps, block_k, early_launch)
     inter = gate_up_weight.shape[0] // 2
     out = torch.empty(M, inter, dtype=x.dtype, device=x.device)
     residual_out = torch.empty_like(x) if residual is not None else None
     _launch(x, gate_up_weight, None, out, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight,
             eps=eps, residual_out=residual_out, epilogue=EPILOGUE_SILU_GATE, columns=inter, second_offset=inter,
-            block_n=block_n or _block_n(inter, x.device), num_warps=num_warps, block_k=block_k, early_launch=early_launch)
+            block_n=block_n or _gate_up_block_n(M, inter, x.device), num_warps=num_warps, block_k=block_k, early_launch=early_launch)
     return out if residual is None else (out, residual_out)
 
 
@@ -291,17 +373,18 @@ def qkv_rotary_store(x: torch.Tensor, qkv_weight: torch.Tensor, bias: torch.Tens
                      slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
                      head_dim: int, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                      block_n: int | None = None, num_warps: int | None = None, block_k: int | None = None,
-                     early_launch: bool = True):
+                     early_launch: bool | None = None, positions: torch.Tensor | None = None):
     """The attention input projection of decode rows: q = rotary(prologue(x) @ Wq^T + bq) is
     returned ([M, heads * head_dim]); k (rotated) and v go straight to the caches at
-    ``slot_mapping``. ``cos``/``sin``: [M, head_dim] rows (halves repeated, as the table is).
-    With programmatic dependent launch the kernel reads the weight, bias, cos, sin and slots
-    before the previous kernel has finished: they must not be that kernel's outputs.
+    ``slot_mapping``. ``cos``/``sin``: [M, head_dim] rows (halves repeated, as the table is), or
+    with ``positions`` ([M]) the whole [max_positions, head_dim] tables, looked up in the kernel.
+    With programmatic dependent launch the kernel reads the weight, bias, cos, sin, positions and
+    slots before the previous kernel has finished: they must not be that kernel's outputs.
     With ``residual``, returns ``(q, x + residual)``."""
     M = x.shape[0]
     if k_cache.stride(2) != 1 or k_cache.stride() != v_cache.stride():
         raise ValueError("k_cache and v_cache must share one layout with unit stride along head_dim")
-    cos2, sin2 = cos.reshape(M, head_dim), sin.reshape(M, head_dim)
+    cos2, sin2 = (cos, sin) if positions is not None else (cos.reshape(M, head_dim), sin.reshape(M, head_dim))
     if cos2.stride(-1) != 1 or sin2.stride(-1) != 1 or cos2.stride(0) != sin2.stride(0):
         cos2, sin2 = cos2.contiguous(), sin2.contiguous()
     q = torch.empty(M, num_heads * head_dim, dtype=x.dtype, device=x.device)
@@ -309,9 +392,10 @@ def qkv_rotary_store(x: torch.Tensor, qkv_weight: torch.Tensor, bias: torch.Tens
     heads = num_heads + 2 * num_kv_heads
     if not fuses_qkv_rotary(head_dim):
         raise ValueError(f"head_dim {head_dim}: the fused projection needs a multiple of 8")
+    block_n, num_warps, block_k, early_launch = _tile("qkv", x.shape[1], block_n, num_warps, block_k, early_launch)
     block_n = block_n or 4  # pairs of columns per program
     _launch(x, qkv_weight, bias, q, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight, eps=eps,
             residual_out=residual_out, epilogue=EPILOGUE_ROTARY_KV, columns=heads * head_dim, block_n=block_n, num_warps=num_warps, block_k=block_k, early_launch=early_launch,
-            rotary=(cos2, sin2, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim))
+            rotary=(cos2, sin2, positions, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim))
     return q if residual is None else (q, residual_out)
 

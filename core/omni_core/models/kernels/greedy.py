@@ -1,0 +1,43 @@
+"""Greedy tokens: the index of each row's largest logit (the first one on ties, as
+``torch.argmax``), one program per row streaming the row in chunks. At a decode step's few rows
+and a speech vocabulary, torch's reduction kernel took 5.8 us on the H200 for what is a 14 KB read."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from omni_core.models.kernels.launch import launch_options
+
+CHUNK = 4096
+
+
+@triton.jit
+def _argmax_kernel(logits_ptr, out_ptr, stride_row, vocab: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # see kernels.launch: the logits come from the previous kernel
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, CHUNK)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_index = tl.full([], 0, tl.int64)
+    for start in range(0, vocab, CHUNK):
+        values = tl.load(logits_ptr + row * stride_row + start + cols, mask=start + cols < vocab, other=float("-inf")).to(tl.float32)
+        value, index = tl.max(values, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        better = value > best  # strictly: an equal value in a later chunk is not the first
+        best_index = tl.where(better, start + index.to(tl.int64), best_index)
+        best = tl.where(better, value, best)
+    tl.store(out_ptr + row, best_index)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` for [N, V] logits with unit stride along V (int64 [N])."""
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError("argmax takes [N, V] logits with unit stride along V")
+    n, vocab = logits.shape
+    out = torch.empty(n, dtype=torch.int64, device=logits.device)
+    if n:
+        pdl = launch_options(logits.device)
+        _argmax_kernel[(n,)](logits, out, logits.stride(0), vocab, CHUNK=min(CHUNK, triton.next_power_of_2(vocab)), PDL=pdl, launch_pdl=pdl)
+    return out
