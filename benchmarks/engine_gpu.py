@@ -10,17 +10,23 @@ through our checkpoint loader. Roofline of one decode step = (weight bytes + KV 
 batch's context) / measured device-to-device copy bandwidth (bytes read + written per second).
 
     python benchmarks/engine_gpu.py [--batches 1 8 32 64] [--context 512] [--attention sdpa triton]
+
+``--ab 'VAR=A|B'`` instead times, side by side in one process, overlapped graph steps of engines
+built with the environment variable VAR set to each value (e.g. ``'OMNI_PDL=0|1'``; the
+kernels' launch settings are re-read for each engine), alternating between them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
 import torch
 import transformers
 from omni_core.models.attention import AttentionMetadata, SdpaBackend
+from omni_core.models.kernels import fused_linear, launch
 from omni_core.models.kernels.paged_attention import paged_decode_attention
 from omni_core.scheduler import AREngine, EngineRequest, SamplingParams
 
@@ -166,6 +172,15 @@ def replay_trace(engine: AREngine, context: int, replays: int, path: str) -> Non
     print("| --- | --- | --- | --- |")
     for name, durs in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
         print(f"| {name} | {len(durs) / replays:.0f} | {sum(durs) / len(durs):.2f} | {sum(durs) / replays:.1f} |")
+    middle = kernels[per_replay * (replays // 2):per_replay * (replays // 2 + 1)]
+    first = per_replay // 2 - per_replay // 2 % 6
+    print("\nthe middle replay's kernels from the middle on (us from the replay's start; with programmatic dependent launch a kernel starts before the one before it ends):")
+    print("| kernel | start | end | end - previous end |")
+    print("| --- | --- | --- | --- |")
+    t0 = middle[0]["ts"]
+    for prev, e in zip(middle[first - 1:first + 12], middle[first:first + 13], strict=True):
+        end = e["ts"] + e["dur"] - t0
+        print(f"| {e['name'][:40]} | {e['ts'] - t0:.1f} | {end:.1f} | {end - (prev['ts'] + prev['dur'] - t0):.1f} |")
 
 
 def time_cuda_ms(fn, iters: int = 100) -> float:
@@ -216,6 +231,30 @@ def decode_attention_kernel_table(batches: list[int], context: int, width_tokens
         print(f"| {b} | {ms['sdpa']:.4f} | {ms['one']:.4f} | {ms['auto']:.4f} | {ms['sdpa'] / ms['auto']:.1f}x |", flush=True)
 
 
+def ab_table(path: str, spec: str, batches: list[int], attention: str, context: int, steps: int, vocab: int, rounds: int = 3) -> None:
+    """Overlapped graph step ms of one engine per value of an environment variable, alternating."""
+    var, values = spec.split("=", 1)
+    engines = {}
+    for value in values.split("|"):
+        os.environ[var] = value
+        for settings in (launch.launch_options, fused_linear.tile_override):
+            settings.cache_clear()
+        engines[value] = AREngine.from_pretrained(
+            path, device="cuda", dtype=torch.bfloat16, max_num_seqs=max(batches), max_model_len=2048, kv_cache_bytes=2 << 30,
+            cuda_graphs=True, cuda_graph_sizes=tuple(batches), cuda_graph_kv_lens=(1024,), attention_backend=attention,
+        )
+    print(f"| batch | {var} | " + " | ".join(f"round {r + 1} step ms (replay ms)" for r in range(rounds)) + " |")
+    print("| --- " * (2 + rounds) + "|")
+    for b in batches:
+        cells = {value: [] for value in engines}
+        for _ in range(rounds):
+            for value, engine in engines.items():
+                step, replay = decode_step_ms(engine, b, context, steps, vocab)
+                cells[value].append(f"{step:.3f} ({replay:.3f})" if replay is not None else f"{step:.3f}")
+        for value, row in cells.items():
+            print(f"| {b} | {value} | " + " | ".join(row) + " |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -227,11 +266,12 @@ def main() -> None:
     parser.add_argument("--attention", nargs="+", default=["sdpa", "triton"], choices=["sdpa", "triton-unfused", "triton"])
     parser.add_argument("--host-profile", type=int, metavar="N", help="also profile N engine steps at batch 1 (graphs, last backend) and print where the host time goes")
     parser.add_argument("--replay-trace", metavar="DIR", help="also write a kernel trace of the batch-1 decode graph of each Triton backend to DIR and summarize it")
+    parser.add_argument("--ab", metavar="VAR=A,B", help="only time overlapped graph steps of engines built under each value of VAR ('|' between values), alternating (last --attention backend)")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s (read + write)")
-    if any(a.startswith("triton") for a in args.attention):
+    if any(a.startswith("triton") for a in args.attention) and not args.ab:
         print()
         try:
             decode_attention_kernel_table(args.batches, args.context)
@@ -240,6 +280,10 @@ def main() -> None:
     sizes = tuple(sorted(set(args.batches + args.throughput_batches)))
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_checkpoint(tmp, args.vocab)
+        if args.ab:
+            del hf
+            ab_table(tmp, args.ab, args.batches, args.attention[-1], args.context, args.steps, args.vocab)
+            return
         engines = {}
         for backend in list(args.attention):
             for mode in ("eager", "graphs", "graphs, step by step"):
