@@ -266,7 +266,7 @@ def main() -> None:
     parser.add_argument("--attention", nargs="+", default=["sdpa", "triton"], choices=["sdpa", "triton-unfused", "triton"])
     parser.add_argument("--host-profile", type=int, metavar="N", help="also profile N engine steps at batch 1 (graphs, last backend) and print where the host time goes")
     parser.add_argument("--replay-trace", metavar="DIR", help="also write a kernel trace of the batch-1 decode graph of each Triton backend to DIR and summarize it")
-    parser.add_argument("--ab", metavar="VAR=A,B", help="only time overlapped graph steps of engines built under each value of VAR ('|' between values), alternating (last --attention backend)")
+    parser.add_argument("--ab", metavar="VAR=A|B", help="only time overlapped graph steps of engines built under each value of VAR ('|' between values), alternating (last --attention backend)")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")
     bandwidth = copy_bandwidth()
