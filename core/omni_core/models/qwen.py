@@ -18,6 +18,7 @@ from torch import nn
 
 from omni_core.models import kernels
 from omni_core.models.attention import ForwardContext
+from omni_core.models.cpu_linear import PackedWeight, packing_supported
 from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, rope_theta
 from omni_core.models.moe import SparseMoeBlock
 
@@ -173,6 +174,7 @@ class QwenForCausalLM(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._packed_head = PackedWeight()  # the logits head on CPU (cpu_linear), made on first use
         attn = self.model.layers[0].self_attn
         self.kv_cache_spec = KVCacheSpec(config.num_hidden_layers, attn.num_kv_heads, attn.head_dim)
         # MoE routing sizes its expert matmuls from the data: no static graph for it
@@ -190,6 +192,8 @@ class QwenForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if hidden.dim() == 2 and hidden.dtype == weight.dtype and packing_supported(weight):
+            return self._packed_head.linear(hidden, weight)  # CPU: the weight pre-packed for oneDNN
         return torch.nn.functional.linear(hidden, weight)
 
 
