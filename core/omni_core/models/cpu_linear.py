@@ -3,12 +3,13 @@
 On this CPU (AVX-512, one thread, float32) oneDNN's matmul on a weight reordered once into its
 blocked layout ran the logits head (8192 x 256) 1.5x faster than ``F.linear`` at one row and
 1.9-2.6x at 8-32 rows; the small projections of a layer gained nothing or lost
-(docs/benchmarks.md, AR engine, CPU). So only wide weights use it.
+(docs/benchmarks.md, AR engine, CPU). So only the logits heads use it.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
@@ -22,18 +23,23 @@ def packing_supported(weight: torch.Tensor) -> bool:
 
 
 class PackedWeight:
-    """``weight`` reordered for oneDNN, remade when the weight tensor changes (a new load)."""
+    """``weight`` reordered for oneDNN, remade for another weight tensor or after an in-place
+    write to it (a new load)."""
 
     def __init__(self):
-        self._key = None
+        self._source = None  # the weight packed (held, so a new one cannot take its address)
+        self._version = -1
         self._packed = None
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``x @ weight^T`` for x [N, K] (float32, CPU)."""
-        key = (weight.data_ptr(), _version(weight), tuple(weight.shape))
-        if key != self._key:
+        """``x @ weight^T``: on the packed copy for x [N, K] and a weight ``packing_supported``
+        takes (of x's dtype), else ``F.linear``."""
+        if x.dim() != 2 or x.dtype != weight.dtype or not packing_supported(weight):
+            return F.linear(x, weight)
+        version = _version(weight)
+        if weight is not self._source or version != self._version:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-            self._key = key
+            self._source, self._version = weight, version
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none", [], "")
 
 

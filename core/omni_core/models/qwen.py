@@ -18,7 +18,7 @@ from torch import nn
 
 from omni_core.models import kernels
 from omni_core.models.attention import ForwardContext
-from omni_core.models.cpu_linear import PackedWeight, packing_supported
+from omni_core.models.cpu_linear import PackedWeight
 from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, rope_theta
 from omni_core.models.moe import SparseMoeBlock
 
@@ -192,9 +192,7 @@ class QwenForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if hidden.dim() == 2 and hidden.dtype == weight.dtype and packing_supported(weight):
-            return self._packed_head.linear(hidden, weight)  # CPU: the weight pre-packed for oneDNN
-        return torch.nn.functional.linear(hidden, weight)
+        return self._packed_head.linear(hidden, weight)  # on CPU, a copy pre-packed for oneDNN
 
 
 class Qwen2ForCausalLM(QwenForCausalLM):
