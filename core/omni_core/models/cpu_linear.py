@@ -28,7 +28,7 @@ class PackedWeight:
 
     def __init__(self):
         self._source = None  # the weight packed (held, so a new one cannot take its address)
-        self._version = -1
+        self._stamp = None
         self._packed = None
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -36,10 +36,10 @@ class PackedWeight:
         takes (of x's dtype), else ``F.linear``."""
         if x.dim() != 2 or x.dtype != weight.dtype or not packing_supported(weight):
             return F.linear(x, weight)
-        version = _version(weight)
-        if weight is not self._source or version != self._version:
+        stamp = (weight.data_ptr(), _version(weight))  # new storage (a move, a reload) or an in-place write
+        if weight is not self._source or stamp != self._stamp:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-            self._source, self._version = weight, version
+            self._source, self._stamp = weight, stamp
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none", [], "")
 
 

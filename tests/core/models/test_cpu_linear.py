@@ -28,3 +28,12 @@ def test_only_float32_cpu_matrices_are_packed():
     assert not packing_supported(torch.zeros(4, 4, dtype=torch.bfloat16))
     assert not packing_supported(torch.zeros(4))
     assert not packing_supported(torch.zeros(4, 4, device="meta"))
+
+
+def test_a_weight_given_new_storage_is_packed_again():
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(64, 300, bias=False), torch.randn(4, 64)
+    packed = PackedWeight()
+    packed.linear(x, layer.weight)
+    layer.weight.data = torch.randn(300, 64)  # same Parameter, new storage, no in-place write
+    torch.testing.assert_close(packed.linear(x, layer.weight), F.linear(x, layer.weight), rtol=1e-5, atol=1e-4)
