@@ -82,7 +82,7 @@ def run_transformers(model, prompts, outputs) -> tuple[float, float]:
 
 # (part of a step, substrings of profiled function names), first match wins
 PARTS = [
-    ("model matmuls (linear, logits)", ("_nn.linear",)),
+    ("model matmuls (linear, logits)", ("_nn.linear", "_linear_pointwise")),  # the latter: the packed CPU head
     ("attention", ("attention.py", "grouped_decode.py", "paged_backend.py", "scaled_dot_product", "index_select", "index_copy")),
     ("other model ops (norms, rotary, activation, embedding)", ("omni_core/models/", "torch/nn/", "rms_norm", "silu", "embedding", "method 'chunk'", "built-in method torch.cat")),
     ("batch preparation (model_runner)", ("model_runner.py",)),
