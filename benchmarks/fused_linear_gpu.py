@@ -86,8 +86,8 @@ def main() -> None:
     parser.add_argument("--block-n", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--block-k", type=int, nargs="+", default=[0], help="K span of a weight tile (0: the kernel's default)")
-    parser.add_argument("--early-launch", type=int, nargs="+", default=[0], choices=[0, 1],
-                        help="1: a kernel lets the next one launch as it starts, not once its weight is read")
+    parser.add_argument("--early-launch", type=int, nargs="+", default=[1], choices=[0, 1],
+                        help="1 (the kernels' default): a kernel lets the next one launch as it starts; 0: once its weight is read")
     args = parser.parse_args()
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -101,9 +101,9 @@ def main() -> None:
     pdl = launch.launch_options(torch.device(dev))
     print(f"device: {torch.cuda.get_device_name()}; microseconds per call (weight GB/s), {CALLS} calls per graph, each on its own weights; "
           f"programmatic dependent launch {pdl}")
-    tiles = [dict(block_n=b, num_warps=nw, **({"block_k": k} if k else {}), **({"early_launch": True} if e else {}))
+    tiles = [dict(block_n=b, num_warps=nw, early_launch=bool(e), **({"block_k": k} if k else {}))
              for nw in args.warps for b in args.block_n for k in args.block_k for e in args.early_launch]
-    names = [f"tile {t['block_n']}, {t['num_warps']} warps" + (f", k {t['block_k']}" if "block_k" in t else "") + (", early" if "early_launch" in t else "")
+    names = [f"tile {t['block_n']}, {t['num_warps']} warps" + (f", k {t['block_k']}" if "block_k" in t else "") + (", early" if t["early_launch"] else ", late")
              for t in tiles]
     print("| projection | rows | torch ops | fused (defaults) | " + " | ".join(names) + " |")
     print("| --- " * (4 + len(tiles)) + "|")
