@@ -95,7 +95,6 @@ class ModelRunner:
     def _prepare(self, seqs: list[Sequence], is_prefill: bool, ahead_ids: torch.Tensor | None = None):
         bs, dev = self.block_size, self.device
         query_lens = [s.num_scheduled_tokens for s in seqs]
-        context_lens = [s.num_computed_tokens + n for s, n in zip(seqs, query_lens, strict=True)]
         block_tables = self._block_tables(seqs)
         max_q = max(query_lens)
         if max_q == 1:
@@ -107,6 +106,7 @@ class ModelRunner:
             if ahead_ids is not None:
                 ids_t.copy_(ahead_ids)
         else:
+            context_lens = [s.num_computed_tokens + n for s, n in zip(seqs, query_lens, strict=True)]
             ids: list[int] = []
             seq_index: list[int] = []
             for b, (seq, n, c) in enumerate(zip(seqs, query_lens, context_lens, strict=True)):
