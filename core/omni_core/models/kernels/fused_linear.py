@@ -313,23 +313,21 @@ def _tile(role: str, K: int, block_n, num_warps, block_k, early_launch):
     return block_n or default[0], num_warps or default[1], block_k or default[2], True if early is None else early
 
 
-def _block_n(columns: int, device: torch.device, most: int = 8) -> int:
-    """Column tile: the widest (up to ``most``) that still gives every multiprocessor two programs."""
-    block = most
-    while block > 4 and triton.cdiv(columns, block) < 2 * multiprocessors(device):
-        block //= 2
-    return block
-
-
 # Column tiles from the H200 at one and two rows (benchmarks/engine_gpu.py --ab in the engine:
 # the projections of a step compete for multiprocessors, so they were tuned together, not one by
-# one): a plain linear (o_proj, down_proj) ran fastest with two columns per program; gate/up with
-# 8 column pairs at one row and 4 at two; q/k/v with 4 pairs (EPILOGUE_ROTARY_KV).
+# one): a plain linear (o_proj, down_proj) ran fastest with two columns per program, q/k/v with
+# four column pairs, gate/up with 8 pairs at one row and 4 at two (``_gate_up_block_n``).
 LINEAR_BLOCK_N = 2
+QKV_BLOCK_N = 4
 
 
 def _gate_up_block_n(rows: int, columns: int, device: torch.device) -> int:
-    return _block_n(columns, device, most=8 if rows == 1 else 4)
+    """8 column pairs a program at one row (fewer if that left a multiprocessor under two
+    programs), 4 from two rows on."""
+    block = 8 if rows == 1 else 4
+    while block > 4 and triton.cdiv(columns, block) < 2 * multiprocessors(device):
+        block //= 2
+    return block
 
 
 def _prologue(residual, norm_weight):
@@ -393,7 +391,7 @@ def qkv_rotary_store(x: torch.Tensor, qkv_weight: torch.Tensor, bias: torch.Tens
     if not fuses_qkv_rotary(head_dim):
         raise ValueError(f"head_dim {head_dim}: the fused projection needs a multiple of 8")
     block_n, num_warps, block_k, early_launch = _tile("qkv", x.shape[1], block_n, num_warps, block_k, early_launch)
-    block_n = block_n or 4  # pairs of columns per program
+    block_n = block_n or QKV_BLOCK_N  # pairs of columns per program
     _launch(x, qkv_weight, bias, q, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight, eps=eps,
             residual_out=residual_out, epilogue=EPILOGUE_ROTARY_KV, columns=heads * head_dim, block_n=block_n, num_warps=num_warps, block_k=block_k, early_launch=early_launch,
             rotary=(cos2, sin2, positions, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim))
