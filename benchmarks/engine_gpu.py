@@ -231,6 +231,15 @@ def decode_attention_kernel_table(batches: list[int], context: int, width_tokens
         print(f"| {b} | {ms['sdpa']:.4f} | {ms['one']:.4f} | {ms['auto']:.4f} | {ms['sdpa'] / ms['auto']:.1f}x |", flush=True)
 
 
+def build_engine(path: str, sizes: tuple[int, ...], attention: str, cuda_graphs: bool = True, overlap_decode: bool = True,
+                 kv_cache_bytes: int = 8 << 30) -> AREngine:
+    """The benchmark's bf16 engine: graphs for ``sizes`` sequences and 1024-token block tables."""
+    return AREngine.from_pretrained(
+        path, device="cuda", dtype=torch.bfloat16, max_num_seqs=max(sizes), max_model_len=2048, kv_cache_bytes=kv_cache_bytes,
+        cuda_graphs=cuda_graphs, cuda_graph_sizes=sizes, cuda_graph_kv_lens=(1024,), attention_backend=attention, overlap_decode=overlap_decode,
+    )
+
+
 def ab_table(path: str, spec: str, batches: list[int], attention: str, context: int, steps: int, vocab: int, rounds: int = 3) -> None:
     """Overlapped graph step ms of one engine per value of an environment variable, alternating."""
     var, values = spec.split("=", 1)
@@ -239,10 +248,7 @@ def ab_table(path: str, spec: str, batches: list[int], attention: str, context: 
         os.environ[var] = value
         for settings in (launch.launch_options, fused_linear.tile_override):
             settings.cache_clear()
-        engines[value] = AREngine.from_pretrained(
-            path, device="cuda", dtype=torch.bfloat16, max_num_seqs=max(batches), max_model_len=2048, kv_cache_bytes=2 << 30,
-            cuda_graphs=True, cuda_graph_sizes=tuple(batches), cuda_graph_kv_lens=(1024,), attention_backend=attention,
-        )
+        engines[value] = build_engine(path, tuple(batches), attention, kv_cache_bytes=2 << 30)
     print(f"| batch | {var} | " + " | ".join(f"round {r + 1} step ms (replay ms)" for r in range(rounds)) + " |")
     print("| --- " * (2 + rounds) + "|")
     for b in batches:
@@ -289,11 +295,8 @@ def main() -> None:
             for mode in ("eager", "graphs", "graphs, step by step"):
                 t = time.perf_counter()
                 try:
-                    engines[backend, mode] = engine = AREngine.from_pretrained(
-                        tmp, device="cuda", dtype=torch.bfloat16, max_num_seqs=max(sizes), max_model_len=2048, kv_cache_bytes=8 << 30,
-                        cuda_graphs=(mode != "eager"), cuda_graph_sizes=sizes, cuda_graph_kv_lens=(1024,), attention_backend=backend,
-                        overlap_decode=(mode != "graphs, step by step"),
-                    )
+                    engines[backend, mode] = engine = build_engine(tmp, sizes, backend, cuda_graphs=(mode != "eager"),
+                                                                   overlap_decode=(mode != "graphs, step by step"))
                 except Exception as exc:  # report and measure the other backend
                     print(f"{backend} {mode} engine failed: {exc!r}")
                     args.attention.remove(backend)
