@@ -82,6 +82,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x2, x1], dim=-1)
 
 
+CPU_MLP_ROWS = 512  # rows of a CPU MLP computed at once (GatedMLP.forward)
+
+
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up fused in one matmul."""
 
@@ -91,6 +94,18 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        rows = x.shape[0]
+        if x.device.type != "cpu" or x.dim() != 2 or rows <= CPU_MLP_ROWS:
+            return self._forward(x, fused)
+        # on CPU a long prefill runs in row chunks: each chunk's temporaries (gate/up output,
+        # activation) stay in cache and are reused from malloc's heap, where a whole step's
+        # (32 MB for 4096 rows here) were fresh pages the kernel had to fault in every layer
+        out = torch.empty(rows, self.down_proj.out_features, dtype=x.dtype)
+        for start in range(0, rows, CPU_MLP_ROWS):
+            out[start : start + CPU_MLP_ROWS] = self._forward(x[start : start + CPU_MLP_ROWS], fused)
+        return out
+
+    def _forward(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if fused:
             return self.down_proj(kernels.silu_mul(gate_up))
