@@ -9,6 +9,7 @@ per-sequence generator calls on the hot path. A token is drawn by the exponentia
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,6 +36,7 @@ class SamplingTensors:
     any_min_p: bool
     penalty: torch.Tensor | None = None  # [B] where some sequence has repetition_penalty != 1
     seen_tokens: torch.Tensor | None = None  # [B, V] bool: tokens in prompt or output
+    seen_lens: list[int] | None = None  # per row, how many of its tokens seen_tokens holds
     banned: torch.Tensor | None = None  # [B, V] bool: stop tokens before min_tokens
 
     @property
@@ -110,7 +112,7 @@ def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | No
     back): they count for the step counters and ``min_tokens``."""
     params = [s.params for s in seqs]
     if reuse is not None:
-        t = replace(reuse, penalty=None, seen_tokens=None, banned=None)
+        t = replace(reuse, penalty=None, seen_tokens=None, seen_lens=None, banned=None)
         if not t.all_greedy:
             t.steps = to_device(torch.tensor([len(s) + ahead for s in seqs], dtype=torch.int64), device)
     elif all(p.temperature == 0 for p in params):
@@ -134,12 +136,7 @@ def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | No
     f32 = dict(dtype=torch.float32, device=device)
     if any(p.repetition_penalty != 1.0 for p in params):
         t.penalty = torch.tensor([p.repetition_penalty for p in params], **f32)
-        seen = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
-        for row, s in enumerate(seqs):
-            ids = [i for i in set(s.token_ids[: len(s)]) if 0 <= i < vocab] if s.cacheable else [i for i in set(s.output_token_ids) if 0 <= i < vocab]
-            if ids:
-                seen[row, torch.tensor(ids, device=device)] = True
-        t.seen_tokens = seen
+        t.seen_tokens, t.seen_lens = _seen_tokens(seqs, vocab, device, reuse)
     under_min = [(row, s) for row, s in enumerate(seqs) if s.num_output_tokens + ahead < s.params.min_tokens and s.stop_ids]
     if under_min:
         banned = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
@@ -149,3 +146,25 @@ def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | No
             banned[index[:, 0], index[:, 1]] = True
         t.banned = banned
     return t
+
+
+def _seen_tokens(seqs, vocab: int, device, reuse: SamplingTensors | None) -> tuple[torch.Tensor, list[int]]:
+    """[B, V] bool: the tokens each sequence has seen (prompt and output; output only for a
+    prompt given as embeddings), and how many of each sequence's tokens that covers. The same
+    batch as the step before adds only its tokens since then to that step's mask, in one scatter;
+    another batch writes all its tokens, also in one."""
+    lens = [len(s) for s in seqs]
+    if reuse is not None and reuse.seen_tokens is not None:
+        seen, starts = reuse.seen_tokens, reuse.seen_lens
+    else:
+        seen = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
+        starts = [0 if s.cacheable else s.num_prompt_tokens for s in seqs]
+    new = [s.token_ids[start:n] for s, start, n in zip(seqs, starts, lens, strict=True)]
+    counts = [len(ids) for ids in new]
+    if sum(counts):
+        cols = torch.tensor(list(itertools.chain.from_iterable(new)), dtype=torch.int64)
+        rows = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(counts))
+        inside = (cols >= 0) & (cols < vocab)  # a prompt may hold ids past this head's vocab
+        index = to_device(torch.stack([rows[inside], cols[inside]]), device)
+        seen[index[0], index[1]] = True
+    return seen, lens

@@ -53,6 +53,20 @@ def test_repetition_penalty_demotes_seen_tokens():
     assert Sampler()(logits, build_sampling_tensors([seq], 4, "cpu")).tolist() == [0]
 
 
+def test_seen_tokens_exclude_embedded_prompts_and_ids_past_the_vocab():
+    # a prompt given as embeddings has no ids to penalise (its placeholders are not tokens); a
+    # prompt id past this head's vocab (another vocab's token) is skipped, not an index error
+    penalised = SamplingParams(temperature=0, repetition_penalty=1.5)
+    by_ids = Sequence("i", [2, 9, 40], penalised)
+    by_embeds = Sequence("e", None, penalised, prompt_embeds=torch.zeros(3, 4))
+    for s in (by_ids, by_embeds):
+        s.append_token(5)
+    t = build_sampling_tensors([by_ids, by_embeds], 16, "cpu")
+    assert t.seen_tokens.nonzero().tolist() == [[0, 2], [0, 5], [0, 9], [1, 5]]
+    by_embeds.append_token(7)  # the same batch next step: only the new token is added
+    assert build_sampling_tensors([by_ids, by_embeds], 16, "cpu", reuse=t).seen_tokens.nonzero().tolist() == [[0, 2], [0, 5], [0, 9], [1, 5], [1, 7]]
+
+
 def test_seeded_requests_ignore_their_batch_mates(tiny_model):
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=1234, ignore_eos=True)
     alone = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=128)).generate([[9, 8, 7]], params)[0].token_ids
