@@ -17,10 +17,14 @@ sequence, grouped by context length, one padded batch) on a paged cache of the m
 one decode step (plan + all layers) for N sequences with contexts drawn from [16, 768].
 ``--steps N`` times only our engine at concurrency N: seconds in prefill and in decode steps,
 median of ``--repeats`` runs (what alternating two checkouts of the code compares best).
-``engine_cpu_bound.py`` counts the work each side does on this workload and what ratio its
+``--mlp-rows A B ...`` times only the prefill of concurrency ``--concurrency``'s last value's
+prompts (each run ``max_tokens=1``), with the CPU MLP's row chunk (``layers.CPU_MLP_ROWS``) set to
+each value in turn, 5 alternations, and counts the run's minor page faults (0 for one chunk: whole
+steps). ``engine_cpu_bound.py`` counts the work each side does on this workload and what ratio its
 matmuls alone allow.
 
     python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 1] [--repeats 3] [--profile 32] [--steps 32] [--attention]
+    python benchmarks/engine_cpu.py --threads 1 --concurrency 32 --mlp-rows 0 512 256 1024
 """
 
 from __future__ import annotations
@@ -136,6 +140,35 @@ def time_steps(engine: AREngine, n: int, args) -> None:
     print(f"median of {len(runs)}: {wall:.3f} s, prefill steps {prefill:.3f} s, decode steps {decode:.3f} s")
 
 
+def time_prefill_by_mlp_rows(engine: AREngine, n: int, chunks: list[int], args, rounds: int = 5) -> None:
+    """Seconds and minor page faults of prefilling n prompts, per CPU MLP row chunk, alternating."""
+    import resource
+
+    from omni_core.models import layers
+
+    prompts, _ = workload(n, args.seed + n, args.vocab)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    seconds = {c: [] for c in chunks}
+    faults = {c: [] for c in chunks}
+    default = layers.CPU_MLP_ROWS
+    try:
+        for _ in range(rounds):
+            for c in chunks:
+                layers.CPU_MLP_ROWS = c or 1 << 62
+                engine.reset_prefix_cache()
+                before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+                engine.generate(prompts, params)
+                seconds[c].append(time.perf_counter() - start)
+                faults[c].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    finally:
+        layers.CPU_MLP_ROWS = default
+    print(f"prefill of {n} prompts ({sum(map(len, prompts))} tokens), median of {rounds} alternating runs:")
+    print("| MLP row chunk | seconds | minor page faults |")
+    print("| --- | --- | --- |")
+    for c in chunks:
+        print(f"| {c or 'whole steps'} | {statistics.median(seconds[c]):.3f} | {int(statistics.median(faults[c]))} |")
+
+
 @torch.inference_mode()
 def time_decode_attention(args, sizes, block_size: int = 16, trials: int = 50) -> None:
     from omni_core.models import SdpaBackend
@@ -193,6 +226,7 @@ def main() -> None:
     parser.add_argument("--profile", type=int, metavar="N", help="profile our engine at concurrency N instead")
     parser.add_argument("--steps", type=int, metavar="N", help="time only our engine's prefill and decode steps at concurrency N")
     parser.add_argument("--attention", action="store_true", help="time the decode attention paths alone instead")
+    parser.add_argument("--mlp-rows", type=int, nargs="+", metavar="ROWS", help="time prefill per CPU MLP row chunk instead (0: whole steps)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.attention:
@@ -209,6 +243,9 @@ def main() -> None:
             return
         if args.steps:
             time_steps(engine, args.steps, args)
+            return
+        if args.mlp_rows:
+            time_prefill_by_mlp_rows(engine, args.concurrency[-1], args.mlp_rows, args)
             return
         run_transformers(hf, warm_prompts, [4, 4])
         print("| concurrent requests | output tokens | ours tok/s | transformers tok/s | ratio | ratio of CPU seconds |")
