@@ -38,6 +38,7 @@ class SamplingTensors:
     seen_tokens: torch.Tensor | None = None  # [B, V] bool: tokens in prompt or output
     seen_lens: list[int] | None = None  # per row, how many of its tokens seen_tokens holds
     banned: torch.Tensor | None = None  # [B, V] bool: stop tokens before min_tokens
+    banned_rows: tuple[int, ...] = ()  # the rows still under their min_tokens
 
     @property
     def argmax_only(self) -> bool:
@@ -112,7 +113,8 @@ def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | No
     back): they count for the step counters and ``min_tokens``."""
     params = [s.params for s in seqs]
     if reuse is not None:
-        t = replace(reuse, penalty=None, seen_tokens=None, seen_lens=None, banned=None)
+        # the penalties are the same sequences' parameters; the masks follow their tokens
+        t = replace(reuse, seen_tokens=None, seen_lens=None, banned=None, banned_rows=())
         if not t.all_greedy:
             t.steps = to_device(torch.tensor([len(s) + ahead for s in seqs], dtype=torch.int64), device)
     elif all(p.temperature == 0 for p in params):
@@ -135,12 +137,15 @@ def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | No
         )
     f32 = dict(dtype=torch.float32, device=device)
     if any(p.repetition_penalty != 1.0 for p in params):
-        t.penalty = torch.tensor([p.repetition_penalty for p in params], **f32)
+        if t.penalty is None:
+            t.penalty = torch.tensor([p.repetition_penalty for p in params], **f32)
         t.seen_tokens, t.seen_lens = _seen_tokens(seqs, vocab, device, reuse)
-    under_min = [(row, s) for row, s in enumerate(seqs) if s.num_output_tokens + ahead < s.params.min_tokens and s.stop_ids]
-    if under_min:
+    t.banned_rows = tuple(row for row, s in enumerate(seqs) if s.num_output_tokens + ahead < s.params.min_tokens and s.stop_ids)
+    if t.banned_rows and reuse is not None and reuse.banned_rows == t.banned_rows:
+        t.banned = reuse.banned  # the same rows under their minimum: the same stop tokens banned
+    elif t.banned_rows:
         banned = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
-        cells = [(row, i) for row, s in under_min for i in s.stop_ids if 0 <= i < vocab]
+        cells = [(row, i) for row in t.banned_rows for i in seqs[row].stop_ids if 0 <= i < vocab]
         if cells:
             index = to_device(torch.tensor(cells, dtype=torch.int64), device)
             banned[index[:, 0], index[:, 1]] = True

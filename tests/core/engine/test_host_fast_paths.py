@@ -15,6 +15,7 @@ def _seqs():
         SamplingParams(temperature=0),
         SamplingParams(temperature=1.2, top_p=0.7, min_p=0.05, seed=2, repetition_penalty=1.3),
         SamplingParams(temperature=1.0, seed=3, min_tokens=3, stop_token_ids=[4]),
+        SamplingParams(temperature=0.5, seed=4, min_tokens=5, stop_token_ids=[6]),
     ]
     return [Sequence(f"r{i}", [1, 2, 3 + i], p) for i, p in enumerate(params)]
 
@@ -31,7 +32,8 @@ def test_reused_sampling_tensors_equal_fresh_ones_step_after_step():
         reused = build_sampling_tensors(seqs, 16, "cpu", reuse=previous)
         for name in ("temperature", "top_k", "top_p", "min_p", "seeds", "steps", "penalty", "seen_tokens"):
             assert torch.equal(getattr(fresh, name), getattr(reused, name)), name
-        assert (fresh.banned is None) == (reused.banned is None) == (step >= 2)
+        assert (fresh.banned is None) == (reused.banned is None) == (step >= 4)  # two rows leave min_tokens at 2 and 4
+        assert fresh.banned is None or torch.equal(fresh.banned, reused.banned)
         assert torch.equal(sampler(logits, fresh), sampler(logits, reused))
         previous = reused
 
