@@ -1,9 +1,10 @@
-"""Host time of building a step's sampling tensors with a repetition penalty.
+"""Time of a step's sampling: building its tensors with a repetition penalty, and the sampler.
 
 N sequences of a prompt plus some outputs (random ids, vocab V) all sample with a repetition
 penalty. Times ``build_sampling_tensors`` for the same batch step after step (one new token per
 sequence each step, the previous step's tensors reused, as the engine does) and for a batch seen
-for the first time, in milliseconds per step.
+for the first time; then ``Sampler`` on [N, V] random logits (scaled by ``--logit-scale``: larger
+is more peaked) for temperature alone and with top-k, top-p and min-p. Milliseconds per step.
 
     python benchmarks/sampler_host.py [--sequences 32] [--tokens 600] [--vocab 151936] [--device cpu]
 """
@@ -16,7 +17,7 @@ import time
 
 import torch
 from omni_core.scheduler import SamplingParams
-from omni_core.scheduler.sampler import build_sampling_tensors
+from omni_core.scheduler.sampler import Sampler, build_sampling_tensors
 from omni_core.scheduler.sequence import Sequence
 
 
@@ -27,6 +28,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--logit-scale", type=float, default=4.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = random.Random(0)
@@ -58,6 +60,21 @@ def main() -> None:
     fresh = (time.perf_counter() - start) / args.steps * 1e3
     print(f"{args.sequences} sequences of ~{args.tokens} tokens, vocab {args.vocab}, {args.device}: "
           f"same batch {same:.2f} ms a step, new batch {fresh:.2f} ms a step")
+
+    logits = torch.randn(args.sequences, args.vocab, generator=torch.Generator().manual_seed(0)).to(args.device) * args.logit_scale
+    sampler = Sampler()
+    print("| sampling | ms a step |")
+    print("| --- | --- |")
+    for name, params in {"temperature 0.8": {}, "top_k 50": dict(top_k=50), "top_p 0.9": dict(top_p=0.9), "top_k 20, top_p 0.8": dict(top_k=20, top_p=0.8), "min_p 0.05": dict(min_p=0.05)}.items():
+        batch = [Sequence(f"t{i}", [1], SamplingParams(temperature=0.8, seed=i, **params)) for i in range(args.sequences)]
+        tensors = build_sampling_tensors(batch, args.vocab, args.device)
+        sampler(logits, tensors)
+        sync()
+        start = time.perf_counter()
+        for _ in range(5):
+            sampler(logits, tensors)
+        sync()
+        print(f"| {name} | {(time.perf_counter() - start) / 5 * 1e3:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

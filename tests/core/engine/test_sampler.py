@@ -67,6 +67,45 @@ def test_seen_tokens_exclude_embedded_prompts_and_ids_past_the_vocab():
     assert build_sampling_tensors([by_ids, by_embeds], 16, "cpu", reuse=t).seen_tokens.nonzero().tolist() == [[0, 2], [0, 5], [0, 9], [1, 5], [1, 7]]
 
 
+def _nucleus_by_sorting(probs, top_p):
+    values, order = probs.sort(dim=-1, descending=True)
+    values = values.masked_fill(values.cumsum(-1) - values >= top_p[:, None], 0.0)
+    # top_p 1 keeps every token (a float32 cumulative sum can reach 1 before the last ones)
+    return torch.where((top_p >= 1)[:, None], probs, torch.zeros_like(probs).scatter_(-1, order, values))
+
+
+@pytest.mark.parametrize("scale", [12.0, 2.0, 0.1])  # peaked, wide, near flat: found among 1024, 8192, or by the full sort
+def test_top_p_among_candidates_equals_sorting_the_vocabulary(scale):
+    from omni_core.scheduler.sampler import TOP_P_CANDIDATES, _apply_top_p
+
+    probs = (torch.randn(4, 20 * TOP_P_CANDIDATES, generator=torch.Generator().manual_seed(1)) * scale).softmax(-1)
+    top_p = torch.tensor([0.5, 0.9, 0.95, 1.0])  # the last row keeps all its tokens
+    out = _apply_top_p(probs, top_p)
+    torch.testing.assert_close(out, _nucleus_by_sorting(probs, top_p), rtol=0, atol=0)
+    assert torch.equal(out[3], probs[3])
+
+
+def test_top_k_per_row_with_rows_that_keep_everything():
+    from omni_core.scheduler.sampler import _apply_top_k
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(2))
+    out = _apply_top_k(logits, torch.tensor([0, 3, 7]), max_top_k=7)
+    assert torch.equal(out[0], logits[0])
+    for row, k in ((1, 3), (2, 7)):
+        kept = out[row].isfinite().nonzero()[:, 0]
+        assert set(kept.tolist()) == set(logits[row].topk(k).indices.tolist())
+
+
+def test_inverting_the_distribution_never_draws_a_zero_probability_token():
+    from omni_core.scheduler.sampler import _invert_cdf
+
+    probs = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0]])
+    for u in (1e-12, 0.3, 0.30000001, 0.999999999999):
+        drawn = _invert_cdf(probs, torch.tensor([u, u], dtype=torch.float64))
+        assert drawn[1] == 2 and drawn[0] in (1, 3)
+        assert drawn[0] == (1 if u < 0.3 else 3)
+
+
 def test_seeded_requests_ignore_their_batch_mates(tiny_model):
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=1234, ignore_eos=True)
     alone = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=128)).generate([[9, 8, 7]], params)[0].token_ids
