@@ -5,8 +5,8 @@ is counter-based: a sequence's uniform for a step is a hash of (its seed, its le
 seeded request draws the same tokens whatever else shares its batch, with no per-sequence
 generator calls on the hot path. A token is drawn by inverting the row's cumulative
 distribution at that one uniform (exact up to the float32 rounding of the cumulative sum): one
-scan of the vocabulary, where noise for every vocabulary entry cost a dozen passes over [B, V]
-(half a second a step for 32 rows of a 151,936-token vocabulary on one CPU core).
+cumulative sum over the vocabulary, where noise for every vocabulary entry cost a dozen passes
+over [B, V] (half a second a step for 32 rows of a 151,936-token vocabulary on one CPU core).
 """
 
 from __future__ import annotations
