@@ -4,7 +4,8 @@ N sequences of a prompt plus some outputs (random ids, vocab V) all sample with 
 penalty. Times ``build_sampling_tensors`` for the same batch step after step (one new token per
 sequence each step, the previous step's tensors reused, as the engine does) and for a batch seen
 for the first time; then ``Sampler`` on [N, V] random logits (scaled by ``--logit-scale``: larger
-is more peaked) for temperature alone and with top-k, top-p and min-p. Milliseconds per step.
+is more peaked), greedy, and for temperature alone and with top-k, top-p and min-p. Milliseconds
+per step.
 
     python benchmarks/sampler_host.py [--sequences 32] [--tokens 600] [--vocab 151936] [--device cpu]
 """
@@ -65,8 +66,10 @@ def main() -> None:
     sampler = Sampler()
     print("| sampling | ms a step |")
     print("| --- | --- |")
-    for name, params in {"temperature 0.8": {}, "top_k 50": dict(top_k=50), "top_p 0.9": dict(top_p=0.9), "top_k 20, top_p 0.8": dict(top_k=20, top_p=0.8), "min_p 0.05": dict(min_p=0.05)}.items():
-        batch = [Sequence(f"t{i}", [1], SamplingParams(temperature=0.8, seed=i, **params)) for i in range(args.sequences)]
+    settings = {"greedy": dict(temperature=0), "temperature 0.8": {}, "top_k 50": dict(top_k=50), "top_p 0.9": dict(top_p=0.9),
+                "top_k 20, top_p 0.8": dict(top_k=20, top_p=0.8), "min_p 0.05": dict(min_p=0.05)}
+    for name, params in settings.items():
+        batch = [Sequence(f"t{i}", [1], SamplingParams(**{"temperature": 0.8, "seed": i, **params})) for i in range(args.sequences)]
         tensors = build_sampling_tensors(batch, args.vocab, args.device)
         sampler(logits, tensors)
         sync()

@@ -65,7 +65,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         """logits [B, V] -> token ids [B] (int64)."""
         if t.argmax_only:
-            return logits.argmax(dim=-1)  # exact in any float dtype: no float32 copy needed
+            return greedy(logits)  # exact in any float dtype: no float32 copy needed
         logits = logits.float()
         if t.penalty is not None:
             # CTRL-style: shrink seen tokens' logits (divide positives, multiply negatives)
@@ -75,8 +75,8 @@ class Sampler:
         if t.banned is not None:
             logits = logits.masked_fill(t.banned, float("-inf"))
         if t.all_greedy:
-            return logits.argmax(dim=-1)
-        greedy_tokens = logits.argmax(dim=-1) if t.any_greedy else None
+            return greedy(logits)
+        greedy_tokens = greedy(logits) if t.any_greedy else None
         temp = torch.where(t.temperature > 0, t.temperature, torch.ones_like(t.temperature))
         logits = logits / temp[:, None]
         if t.any_top_k:
@@ -89,6 +89,29 @@ class Sampler:
             probs = probs.masked_fill(probs < floor, 0.0)
         sampled = _invert_cdf(probs, uniform_noise(t.seeds, t.steps, 1)[:, 0])
         return sampled if greedy_tokens is None else torch.where(t.temperature > 0, sampled, greedy_tokens)
+
+
+GREEDY_CHUNK = 256  # columns per chunk of greedy's two-level search on CPU
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first largest logit, as ``argmax``. On CPU torch's argmax is a scalar loop (5 ms
+    for 32 rows of a 151,936-token vocabulary on one core); the maxima of 256-column chunks are a
+    vectorised reduction, and only the first chunk holding the row's maximum is searched: 0.6 ms."""
+    rows, vocab = logits.shape
+    if logits.device.type != "cpu" or vocab < 2 * GREEDY_CHUNK:
+        return logits.argmax(dim=-1)
+    whole = vocab // GREEDY_CHUNK * GREEDY_CHUNK
+    chunks = logits[:, :whole].view(rows, -1, GREEDY_CHUNK)
+    maxima = chunks.amax(dim=-1)
+    if whole < vocab:  # the columns past the whole chunks, as one more
+        maxima = torch.cat([maxima, logits[:, whole:].amax(dim=-1, keepdim=True)], dim=-1)
+    best = maxima.argmax(dim=-1)  # the first chunk holding the maximum
+    inside = chunks[torch.arange(rows), best.clamp(max=chunks.shape[1] - 1)].argmax(dim=-1)
+    found = best * GREEDY_CHUNK + inside
+    if whole < vocab:
+        found = torch.where(best == chunks.shape[1], whole + logits[:, whole:].argmax(dim=-1), found)
+    return found
 
 
 def _invert_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

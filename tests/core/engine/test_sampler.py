@@ -67,6 +67,22 @@ def test_seen_tokens_exclude_embedded_prompts_and_ids_past_the_vocab():
     assert build_sampling_tensors([by_ids, by_embeds], 16, "cpu", reuse=t).seen_tokens.nonzero().tolist() == [[0, 2], [0, 5], [0, 9], [1, 5], [1, 7]]
 
 
+@pytest.mark.parametrize("vocab", [100, 1024, 1100])  # below the chunked path, whole chunks, a tail
+def test_greedy_takes_the_first_largest_logit_as_argmax_does(vocab):
+    from omni_core.scheduler.sampler import GREEDY_CHUNK, greedy
+
+    logits = torch.randn(8, vocab, generator=torch.Generator().manual_seed(3))
+    ties = torch.zeros(5, vocab)
+    ties[0, [7, vocab - 1]] = 1.0  # across chunks (and into the tail)
+    inside = min(GREEDY_CHUNK, vocab) - 1
+    ties[1, [inside - 1, inside]] = 2.0  # inside one chunk
+    ties[2, vocab - 1] = 3.0  # only in the last column
+    ties[3] = float("-inf")
+    ties[3, vocab // 2] = -1.0  # everything else -inf; row 4: all equal
+    for rows in (logits, ties, logits.bfloat16()):
+        assert torch.equal(greedy(rows), rows.argmax(dim=-1))
+
+
 def _nucleus_by_sorting(probs, top_p):
     values, order = probs.sort(dim=-1, descending=True)
     values = values.masked_fill(values.cumsum(-1) - values >= top_p[:, None], 0.0)
