@@ -17,10 +17,10 @@ sequence, grouped by context length, one padded batch) on a paged cache of the m
 one decode step (plan + all layers) for N sequences with contexts drawn from [16, 768].
 ``--steps N`` times only our engine at concurrency N: seconds in prefill and in decode steps,
 median of ``--repeats`` runs (what alternating two checkouts of the code compares best).
-``--mlp-rows A B ...`` times only the prefill of concurrency ``--concurrency``'s last value's
-prompts (each run ``max_tokens=1``), with the CPU MLP's row chunk (``layers.CPU_MLP_ROWS``) set to
-each value in turn, 5 alternations, and counts the run's minor page faults (0 for one chunk: whole
-steps). ``engine_cpu_bound.py`` counts the work each side does on this workload and what ratio its
+``--mlp-rows A B ...`` times only the prefill of the prompts of the last ``--concurrency`` value
+(each request ``max_tokens=1``) with the CPU MLP's row chunk (``layers.CPU_MLP_ROWS``) set to each
+value in turn (0: whole steps), 5 alternations, and counts each run's minor page faults.
+``engine_cpu_bound.py`` counts the work each side does on this workload and what ratio its
 matmuls alone allow.
 
     python benchmarks/engine_cpu.py [--concurrency 1 8 32] [--threads 1] [--repeats 3] [--profile 32] [--steps 32] [--attention]
