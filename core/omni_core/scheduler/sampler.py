@@ -145,12 +145,14 @@ def _apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     vocab = probs.shape[-1]
     candidates = TOP_P_CANDIDATES if probs.device.type == "cpu" else vocab
     keep_all = (top_p >= 1)[:, None]  # rows without top-p keep every token
-    while candidates < vocab:
+    while True:
+        if candidates >= vocab:
+            values, order = probs.sort(dim=-1, descending=True)
+            break
         values, order = probs.topk(candidates, dim=-1)
         if bool(((values.sum(dim=-1, keepdim=True) >= top_p[:, None]) | keep_all).all()):
-            return torch.where(keep_all, probs, torch.zeros_like(probs).scatter_(-1, order, _nucleus(values, top_p)))
+            break
         candidates *= 8
-    values, order = probs.sort(dim=-1, descending=True)
     return torch.where(keep_all, probs, torch.zeros_like(probs).scatter_(-1, order, _nucleus(values, top_p)))
 
 
@@ -200,13 +202,23 @@ def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | No
     if t.banned_rows and reuse is not None and reuse.banned_rows == t.banned_rows:
         t.banned = reuse.banned  # the same rows under their minimum: the same stop tokens banned
     elif t.banned_rows:
-        banned = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
-        cells = [(row, i) for row in t.banned_rows for i in seqs[row].stop_ids if 0 <= i < vocab]
-        if cells:
-            index = to_device(torch.tensor(cells, dtype=torch.int64), device)
-            banned[index[:, 0], index[:, 1]] = True
-        t.banned = banned
+        under = set(t.banned_rows)
+        stops = [list(s.stop_ids) if row in under else [] for row, s in enumerate(seqs)]
+        t.banned = _mark(torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device), stops, device)
     return t
+
+
+def _mark(mask: torch.Tensor, ids_per_row: list[list[int]], device) -> torch.Tensor:
+    """``mask[row, id] = True`` for each row's ids inside the vocabulary (a prompt may hold ids
+    past this head's), in one host-to-device copy and one scatter; returns ``mask``."""
+    counts = [len(ids) for ids in ids_per_row]
+    if sum(counts):
+        cols = torch.tensor(list(itertools.chain.from_iterable(ids_per_row)), dtype=torch.int64)
+        rows = torch.repeat_interleave(torch.arange(len(ids_per_row)), torch.tensor(counts))
+        inside = (cols >= 0) & (cols < mask.shape[1])
+        index = to_device(torch.stack([rows[inside], cols[inside]]), device)
+        mask[index[0], index[1]] = True
+    return mask
 
 
 def _seen_tokens(seqs, vocab: int, device, reuse: SamplingTensors | None) -> tuple[torch.Tensor, list[int]]:
@@ -221,11 +233,4 @@ def _seen_tokens(seqs, vocab: int, device, reuse: SamplingTensors | None) -> tup
         seen = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
         starts = [0 if s.cacheable else s.num_prompt_tokens for s in seqs]
     new = [s.token_ids[start:n] for s, start, n in zip(seqs, starts, lens, strict=True)]
-    counts = [len(ids) for ids in new]
-    if sum(counts):
-        cols = torch.tensor(list(itertools.chain.from_iterable(new)), dtype=torch.int64)
-        rows = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(counts))
-        inside = (cols >= 0) & (cols < vocab)  # a prompt may hold ids past this head's vocab
-        index = to_device(torch.stack([rows[inside], cols[inside]]), device)
-        seen[index[0], index[1]] = True
-    return seen, lens
+    return _mark(seen, new, device), lens
