@@ -144,19 +144,20 @@ def host_profile(engine: AREngine, context: int, steps: int, vocab: int, top: in
         print(f"  {tottime / steps * 1e6:8.1f} us  {cumtime / steps * 1e6:8.1f} us cum  {ncalls / steps:5.1f}/step  {path.split('/')[-1]}:{line}({func})")
 
 
-def replay_trace(engine: AREngine, context: int, replays: int, path: str) -> None:
-    """Chrome trace of ``replays`` back-to-back replays of the batch-1 decode graph (one sequence
-    decoding), and a summary: each kernel's mean time, the replay's span and its idle share."""
+def replay_trace(engine: AREngine, context: int, replays: int, path: str, batch: int = 1) -> None:
+    """Chrome trace of ``replays`` back-to-back replays of the decode graph of ``batch`` sequences,
+    and a summary: each kernel's mean time, the replay's span and its idle share."""
     import json
 
-    start_decoding(engine, {"trace": list(range(1, context + 1))}, replays)
-    key = engine.runner._graph_key(1, len(engine.scheduler.running[0].block_table))
+    start_decoding(engine, {f"trace{i}": list(range(1 + i, context + 1 + i)) for i in range(batch)}, replays)
+    key = engine.runner._graph_key(batch, len(engine.scheduler.running[0].block_table))
     graph = engine.runner.graphs[key][0]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
-    engine.abort("trace")
+    for i in range(batch):
+        engine.abort(f"trace{i}")
     prof.export_chrome_trace(path)
     kernels = sorted((e for e in json.load(open(path))["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     per_replay = len(kernels) // replays
@@ -167,7 +168,7 @@ def replay_trace(engine: AREngine, context: int, replays: int, path: str) -> Non
     by_name: dict[str, list[float]] = {}
     for e in kernels:
         by_name.setdefault(e["name"][:60], []).append(e["dur"])
-    print(f"\nbatch-1 graph replay trace ({path}): {per_replay} kernels, span {sum(spans) / len(spans):.1f} us per replay")
+    print(f"\nbatch-{batch} graph replay trace ({path}): {per_replay} kernels, span {sum(spans) / len(spans):.1f} us per replay")
     print("| kernel | per replay | mean us | us per replay |")
     print("| --- | --- | --- | --- |")
     for name, durs in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
@@ -271,7 +272,8 @@ def main() -> None:
     parser.add_argument("--throughput-batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--attention", nargs="+", default=["sdpa", "triton"], choices=["sdpa", "triton-unfused", "triton"])
     parser.add_argument("--host-profile", type=int, metavar="N", help="also profile N engine steps at batch 1 (graphs, last backend) and print where the host time goes")
-    parser.add_argument("--replay-trace", metavar="DIR", help="also write a kernel trace of the batch-1 decode graph of each Triton backend to DIR and summarize it")
+    parser.add_argument("--replay-trace", metavar="DIR", help="also write a kernel trace of the decode graph of each Triton backend to DIR and summarize it")
+    parser.add_argument("--trace-batches", type=int, nargs="+", default=[1], help="the batch sizes --replay-trace traces")
     parser.add_argument("--ab", metavar="VAR=A|B", help="only time overlapped graph steps of engines built under each value of VAR ('|' between values), alternating (last --attention backend)")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")
@@ -327,7 +329,8 @@ def main() -> None:
         if args.replay_trace:
             for backend in args.attention:
                 if backend.startswith("triton"):
-                    replay_trace(engines[backend, "graphs"], args.context, 20, f"{args.replay_trace}/{backend}-b1.json")
+                    for b in args.trace_batches:
+                        replay_trace(engines[backend, "graphs"], args.context, 20, f"{args.replay_trace}/{backend}-b{b}.json", b)
         if args.host_profile:
             host_profile(engines[args.attention[-1], "graphs"], args.context, args.host_profile, args.vocab)
         print()

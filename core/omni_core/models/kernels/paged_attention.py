@@ -19,12 +19,17 @@ from omni_core.models.kernels.launch import launch_options, multiprocessors
 
 
 @triton.jit
-def _kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, pos, end, dims, stride_table, stride_cache_slot,
-             stride_cache_head, KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """K and V of positions ``pos`` (those before ``end``) of one KV head, through the block table."""
+def _tile_blocks(block_tables_ptr, seq, pos, end, stride_table, KV_BLOCK: tl.constexpr):
+    """The cache blocks holding positions ``pos`` (those before ``end``) of sequence ``seq``."""
+    return tl.load(block_tables_ptr + seq * stride_table + pos // KV_BLOCK, mask=pos < end, other=0).to(tl.int64)
+
+
+@triton.jit
+def _kv_tile(k_cache_ptr, v_cache_ptr, blocks, kv_head, pos, end, dims, stride_cache_slot, stride_cache_head,
+             KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """K and V of positions ``pos`` (those before ``end``) of one KV head, in ``blocks`` (``_tile_blocks``)."""
     valid = pos < end
-    block = tl.load(block_tables_ptr + seq * stride_table + pos // KV_BLOCK, mask=valid, other=0).to(tl.int64)
-    slot = block * KV_BLOCK + pos % KV_BLOCK
+    slot = blocks * KV_BLOCK + pos % KV_BLOCK
     kv_offset = slot[:, None] * stride_cache_slot + kv_head * stride_cache_head + dims[None, :]
     kv_mask = valid[:, None] & (dims < HEAD_DIM)[None, :]
     k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0)
@@ -51,8 +56,9 @@ def _paged_decode_kernel(
     end = tl.minimum(start + partition_size, context_len)
     dims = tl.arange(0, DIM_PAD)
     pos = start + tl.arange(0, BLOCK_N)
-    k, v, kv_offset, kv_mask, valid = _kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, pos, end, dims,
-                                               stride_table, stride_cache_slot, stride_cache_head, KV_BLOCK, HEAD_DIM)
+    blocks = _tile_blocks(block_tables_ptr, seq, pos, end, stride_table, KV_BLOCK)
+    k, v, kv_offset, kv_mask, valid = _kv_tile(k_cache_ptr, v_cache_ptr, blocks, kv_head, pos, end, dims, stride_cache_slot, stride_cache_head,
+                                               KV_BLOCK, HEAD_DIM)
     if PDL:  # see kernels.launch: the next kernel may start; q and the newest K/V come from the previous one
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -69,8 +75,15 @@ def _paged_decode_kernel(
     row_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     row_sum = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    # the loop requests the next tile's K/V before this tile's arithmetic, and the block ids of the
+    # tile after that: one memory round trip a tile on the critical path, not two
+    next_blocks = _tile_blocks(block_tables_ptr, seq, pos + BLOCK_N, end, stride_table, KV_BLOCK)
     n0 = start
     while n0 < end:  # a while loop: its bounds are device values (a for loop over them does not interpret)
+        pos = n0 + BLOCK_N + tl.arange(0, BLOCK_N)  # the next tile (all masked off after the last)
+        next_k, next_v, _, _, next_valid = _kv_tile(k_cache_ptr, v_cache_ptr, next_blocks, kv_head, pos, end, dims, stride_cache_slot,
+                                                    stride_cache_head, KV_BLOCK, HEAD_DIM)
+        next_blocks = _tile_blocks(block_tables_ptr, seq, pos + BLOCK_N, end, stride_table, KV_BLOCK)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
@@ -80,9 +93,7 @@ def _paged_decode_kernel(
         acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         row_max = new_max
         n0 += BLOCK_N
-        pos = n0 + tl.arange(0, BLOCK_N)  # the next tile (all masked off after the last)
-        k, v, kv_offset, kv_mask, valid = _kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, pos, end, dims,
-                                                   stride_table, stride_cache_slot, stride_cache_head, KV_BLOCK, HEAD_DIM)
+        k, v, valid = next_k, next_v, next_valid
 
     has_tokens = row_sum > 0  # false only for a split past the end of the context
     out = acc / tl.where(has_tokens, row_sum, 1.0)[:, None]
@@ -118,12 +129,18 @@ def _combine_splits_kernel(
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
+# programs a multiprocessor gets from the split rule below: on the H200 (2 KV heads, 512-token
+# contexts) four beat one, two, eight and sixteen in the engine's graphs at batch 32 and came within
+# 1% of the best at 8 and 64 (docs/benchmarks.md, decode attention at 8-64 sequences)
+PROGRAMS_PER_SM = 4
+
+
 def default_num_splits(batch: int, kv_heads: int, width_tokens: int, device: torch.device, block_n: int = 64) -> int:
-    """As many splits as fit the multiprocessors whole (none once batch x KV heads fills them), none
-    shorter than a tile. On the H200 (132 SMs, 2 KV heads, 512-token contexts) splitting made one
-    layer's attention 2.7x faster at batch 1 and 2x at 8, but a batch of 64 ran slower split in
-    two (16.0 vs 13.9 us) than not split: the combine pass then costs more than it saves."""
-    wanted = multiprocessors(device) // (batch * kv_heads)
+    """Enough splits for about ``PROGRAMS_PER_SM`` programs on each multiprocessor, none shorter than
+    a tile. Each program waits on one K/V tile at a time, so more, shorter programs hide more of
+    that wait: on the H200 splitting made one layer's attention 2.7x faster at batch 1; in the
+    engine, four programs a multiprocessor beat one by 2% / 10% / 3% at batch 8 / 32 / 64."""
+    wanted = PROGRAMS_PER_SM * multiprocessors(device) // (batch * kv_heads)
     return max(1, min(wanted, triton.cdiv(width_tokens, block_n)))
 
 
