@@ -1,9 +1,11 @@
 """Linear layers on CPU with the weight pre-packed for oneDNN.
 
-On this CPU (AVX-512, one thread, float32) oneDNN's matmul on a weight reordered once into its
-blocked layout ran the logits head (8192 x 256) 1.5x faster than ``F.linear`` at one row and
-1.9-2.6x at 8-32 rows; the small projections of a layer gained nothing or lost
-(docs/benchmarks.md, AR engine, CPU). So only the logits heads use it.
+On the development CPU (AVX-512, one thread, float32) oneDNN's matmul on a weight reordered once
+into its blocked layout ran the logits head (8192 x 256) 1.5x faster than ``F.linear`` at one row
+and 1.9-2.6x at 8-32 rows, and the MLP's gate/up and down projections 1.3-1.8x at 8-32 rows
+(1.1-1.25x at 512); q/k/v and o_proj gained nothing or lost (docs/benchmarks.md, AR engine, CPU).
+So the logits heads (``PackedWeight``, beside the weight: a tied head's weight is also the
+embedding) and the MLPs (``pack_mlp_weights``, in place of the weight) use it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 @functools.cache
@@ -52,3 +55,37 @@ def _version(t: torch.Tensor) -> int:
         return t._version
     except RuntimeError:
         return 0
+
+
+class PackedCpuLinear(nn.Module):
+    """A float32 CPU ``nn.Linear`` whose weight is kept only in oneDNN's packed layout."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed for oneDNN"
+
+
+def pack_mlp_weights(model: nn.Module) -> int:
+    """Replaces the gate/up and down projections of each ``GatedMLP`` in ``model`` whose weights
+    ``packing_supported`` by ``PackedCpuLinear`` (the unpacked weights are released: the model's
+    memory stays the same, its ``state_dict`` no longer holds them). Returns how many MLPs."""
+    from omni_core.models.layers import GatedMLP
+
+    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
+    packed = 0
+    for mlp in mlps:
+        linears = (mlp.gate_up_proj, mlp.down_proj)
+        if all(type(lin) is not PackedCpuLinear and packing_supported(lin.weight) for lin in linears):
+            mlp.gate_up_proj, mlp.down_proj = (PackedCpuLinear(lin) for lin in linears)
+            packed += 1
+    return packed
