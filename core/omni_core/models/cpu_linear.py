@@ -43,9 +43,18 @@ class PackedWeight:
             return F.linear(x, weight)
         stamp = (weight.data_ptr(), _version(weight))  # new storage (a move, a reload) or an in-place write
         if weight is not self._source or stamp != self._stamp:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            self._packed = _reorder(weight)
             self._source, self._stamp = weight, stamp
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none", [], "")
+        return _packed_matmul(x, self._packed, None)
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def _packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x [N, K] @ W^T (+ bias)`` on a weight ``torch.ops.mkldnn._reorder_linear_weight`` packed."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
 def _version(t: torch.Tensor) -> int:
@@ -63,12 +72,11 @@ class PackedCpuLinear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.packed = _reorder(linear.weight)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        out = _packed_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

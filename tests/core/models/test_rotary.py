@@ -12,8 +12,8 @@ from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 @pytest.mark.parametrize("packed", [True, False])
 def test_apply_rotary_equals_transformers(tokens, heads, kv_heads, dim, dtype, packed):
     g = torch.Generator().manual_seed(tokens)
-    # packed: q and k as Qwen2 makes them, views into one fused projection output (rotated as one
-    # view); else separate tensors, as after Qwen3's per-head norms
+    # packed: q and k as Qwen2 makes them, views into one fused projection output; else separate
+    # tensors, as after Qwen3's per-head norms
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
     q = qkv[:, : heads * dim].view(tokens, heads, dim)
     k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
