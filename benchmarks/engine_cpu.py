@@ -12,9 +12,11 @@ markdown table of output tokens/s and ratios: of wall time, and of the process's
 
 ``--profile N`` instead runs our engine once at concurrency N under cProfile and prints where
 the time goes, by part of a step (model matmuls, attention, other model ops, batch preparation,
-sampling, scheduling). ``--attention`` times ``SdpaBackend``'s three decode paths alone (per
-sequence, grouped by context length, one padded batch) on a paged cache of the model's shape:
-one decode step (plan + all layers) for N sequences with contexts drawn from [16, 768].
+sampling, scheduling). ``--attention`` times ``SdpaBackend``'s decode paths alone (per sequence,
+grouped by context length, one padded batch, and the host C kernel where it is built and there
+are at most two threads) on a paged cache of the model's shape: one decode step (plan + all
+layers) for N sequences with contexts drawn from [16, 768]. ``OMNI_NATIVE=0`` in the
+environment runs our engine without the host kernel (its CPU decode then takes the grouped path).
 ``--steps N`` times only our engine at concurrency N: seconds in prefill and in decode steps,
 median of ``--repeats`` runs (what alternating two checkouts of the code compares best).
 ``--mlp-rows A B ...`` times only the prefill of the prompts of the last ``--concurrency`` value
@@ -87,7 +89,7 @@ def run_transformers(model, prompts, outputs) -> tuple[float, float]:
 # (part of a step, substrings of profiled function names), first match wins
 PARTS = [
     ("model matmuls (linear, logits)", ("_nn.linear", "_linear_pointwise")),  # the latter: the packed CPU head
-    ("attention", ("attention.py", "grouped_decode.py", "paged_backend.py", "scaled_dot_product", "index_select", "index_copy")),
+    ("attention", ("attention.py", "grouped_decode.py", "paged_backend.py", "native/paged_decode", "scaled_dot_product", "index_select", "index_copy")),
     ("other model ops (norms, rotary, activation, embedding)", ("omni_core/models/", "torch/nn/", "rms_norm", "silu", "embedding", "method 'chunk'", "built-in method torch.cat")),
     ("batch preparation (model_runner)", ("model_runner.py",)),
     ("sampling", ("sampler.py", "argmax")),
@@ -173,9 +175,12 @@ def time_prefill_by_mlp_rows(engine: AREngine, n: int, chunks: list[int], args, 
 def time_decode_attention(args, sizes, block_size: int = 16, trials: int = 50) -> None:
     from omni_core.models import SdpaBackend
     from omni_core.models.attention import AttentionMetadata
+    from omni_core.models.native import paged_decode
 
     head_dim = args.hidden // args.heads
-    paths = {"per sequence": SdpaBackend(per_sequence=True), "grouped": SdpaBackend(), "padded batch": SdpaBackend(per_sequence=False)}
+    paths = {"per sequence": SdpaBackend(per_sequence=True), "grouped": SdpaBackend(native=False), "padded batch": SdpaBackend(per_sequence=False)}
+    if paged_decode.preferred():
+        paths["host kernel"] = SdpaBackend()
     print(f"decode attention alone, {args.layers} layers, best of {trials} (ms per step)")
     print("| sequences | " + " | ".join(paths) + " |")
     print("| --- |" + " --- |" * len(paths))

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from omni_core.models.grouped_decode import grouped_decode, plan_decode_groups
 from omni_core.models.layers import apply_rotary
+from omni_core.models.native import paged_decode
 
 
 @dataclass
@@ -76,14 +77,20 @@ class SdpaBackend:
 
     name = "sdpa"
 
-    def __init__(self, per_sequence: bool | None = None):
-        # None: per sequence for prefill, grouped by length for CPU decode, padded batch for CUDA decode
+    def __init__(self, per_sequence: bool | None = None, native: bool = True):
+        # None: per sequence for prefill, the host kernel or grouped by length for CPU decode,
+        # padded batch for CUDA decode
         self.per_sequence = per_sequence
+        self.native = native  # CPU float32 decode on the host C kernel where it is preferred (models/native)
 
     def prepare(self, meta: AttentionMetadata) -> None:
         if self.per_sequence is None and meta.host_context_lens is not None and meta.max_query_len == 1 and meta.block_tables.device.type == "cpu":
-            # CPU decode by default: sequences grouped by context length (see grouped_decode)
-            meta.cache["decode_plan"] = plan_decode_groups(meta.block_tables, meta.host_context_lens, meta.block_size)
+            # CPU decode by default: the C kernel reading the paged cache (float32, few intra-op
+            # threads), else sequences grouped by context length (see grouped_decode)
+            if self.native and paged_decode.preferred():
+                meta.cache["native_decode"] = max(meta.host_context_lens)
+            else:
+                meta.cache["decode_plan"] = plan_decode_groups(meta.block_tables, meta.host_context_lens, meta.block_size)
             return
         if self._per_sequence(meta):
             bs = meta.block_size
@@ -127,6 +134,11 @@ class SdpaBackend:
 
     def attend(self, q, k, v, k_cache, v_cache, meta, scale):
         """Attention once the step's K/V are in the cache (``prepare(meta)`` ran for this step)."""
+        if "native_decode" in meta.cache:
+            if paged_decode.supports(q, k_cache):
+                return paged_decode.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.cache["native_decode"], meta.block_size, scale)
+            if "decode_plan" not in meta.cache:  # a cache the kernel does not take: the grouped path
+                meta.cache["decode_plan"] = plan_decode_groups(meta.block_tables, meta.host_context_lens, meta.block_size)
         if "decode_plan" in meta.cache:
             out = grouped_decode(q, k_cache, v_cache, meta.cache["decode_plan"], scale)
             return out if out.dtype == q.dtype else out.to(q.dtype)

@@ -1,4 +1,5 @@
-"""Decode attention grouped by context length (the CPU default) against the per-sequence path."""
+"""Decode attention grouped by context length (the CPU path for caches the host kernel does not
+take, or without it) against the per-sequence path."""
 
 import pytest
 import torch
@@ -54,8 +55,8 @@ def _attend(backend, step):
 def test_grouped_decode_equals_per_sequence(context_lens, heads, kv_heads):
     step = _decode_step(context_lens, heads, kv_heads)
     expected, _ = _attend(SdpaBackend(per_sequence=True), step)
-    got, meta = _attend(SdpaBackend(), step)
-    assert "decode_plan" in meta.cache  # the default CPU decode path is the grouped one
+    got, meta = _attend(SdpaBackend(native=False), step)
+    assert "decode_plan" in meta.cache
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -79,7 +80,7 @@ def test_layers_reuse_the_steps_views_and_masks():
     """The first layer makes the gather targets and masks; later layers of the step reuse them."""
     step = _decode_step([1, 37, 2, 16, 9, 30, 3, 22], 4, 2)
     q, k, v, k_cache, v_cache, meta = step
-    backend = SdpaBackend()
+    backend = SdpaBackend(native=False)
     backend.prepare(meta)
     plan = meta.cache["decode_plan"]
     first = backend.forward(q, k, v, k_cache, v_cache, meta, 0.5)
@@ -91,14 +92,15 @@ def test_layers_reuse_the_steps_views_and_masks():
     torch.testing.assert_close(again, first)
 
 
-def test_engine_tokens_are_the_same_on_both_decode_paths(tiny_model):
+def test_engine_tokens_are_the_same_on_every_decode_path(tiny_model):
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (3, 17, 1, 9, 30, 6, 12, 25, 2, 11)]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (12, 5, 20, 9, 3, 16, 7, 11, 14, 6)]
     outs = {}
-    for per_sequence in (None, True):
-        engine = AREngine(tiny_model, EngineConfig(block_size=BLOCK, num_kv_blocks=128, max_num_seqs=16, attention_backend=SdpaBackend(per_sequence=per_sequence)))
-        outs[per_sequence] = [o.token_ids for o in engine.generate(prompts, params)]
+    backends = {"default": SdpaBackend(), "grouped": SdpaBackend(native=False), "per sequence": SdpaBackend(per_sequence=True)}
+    for name, backend in backends.items():
+        engine = AREngine(tiny_model, EngineConfig(block_size=BLOCK, num_kv_blocks=128, max_num_seqs=16, attention_backend=backend))
+        outs[name] = [o.token_ids for o in engine.generate(prompts, params)]
         assert engine.block_manager.num_free_blocks == 128
-    assert outs[None] == outs[True]
-    assert [len(t) for t in outs[None]] == [p.max_tokens for p in params]
+    assert outs["default"] == outs["grouped"] == outs["per sequence"]
+    assert [len(t) for t in outs["default"]] == [p.max_tokens for p in params]

@@ -1,0 +1,70 @@
+"""Small C kernels for the host, compiled on first use with the machine's C compiler.
+
+Each ``.c`` file here is built once per source, compiler flags and CPU into a shared library
+under ``$OMNI_CACHE_DIR/native`` (default ``~/.cache/omni/native``) and loaded with ``ctypes``:
+no build step at install, and the code is compiled for the CPU it runs on (``-march=native``).
+Where no compiler works, or with ``OMNI_NATIVE=0``, ``load`` returns ``None`` and callers keep
+their torch path. The flags allow the reassociation that vectorized sums need but not
+``-ffast-math``, whose start-up code would flush denormals for the whole process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+NATIVE_ENV = "OMNI_NATIVE"
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC", "-shared"]
+
+
+def enabled() -> bool:
+    return os.environ.get(NATIVE_ENV, "1") != "0"
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The library built from ``<name>.c`` beside this file, or None where it cannot be built."""
+    if not enabled():
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.warning("no C compiler found: the host kernels of %s fall back to torch", name)
+        return None
+    source = Path(__file__).with_name(f"{name}.c")
+    code = source.read_bytes()
+    key = hashlib.sha256(b"\0".join([code, " ".join(FLAGS).encode(), compiler.encode(), _cpu_identity()])).hexdigest()[:16]
+    cache = Path(os.environ.get("OMNI_CACHE_DIR") or Path.home() / ".cache" / "omni") / "native"
+    target = cache / f"{name}-{key}.so"
+    if not target.exists():
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=cache) as tmp:
+                built = Path(tmp) / target.name
+                subprocess.run([compiler, *FLAGS, "-o", str(built), str(source)], check=True, capture_output=True, timeout=120)
+                os.replace(built, target)  # atomic: a process building the same library at once loses nothing
+        except (OSError, subprocess.SubprocessError) as err:
+            detail = err.stderr.decode(errors="replace").strip() if isinstance(err, subprocess.CalledProcessError) else str(err)
+            log.warning("building %s failed, its host kernels fall back to torch: %s", name, detail)
+            return None
+    return ctypes.CDLL(str(target))
+
+
+def _cpu_identity() -> bytes:
+    """What ``-march=native`` compiles for: the machine and, on Linux, the CPU's feature flags."""
+    identity = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            identity += next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        identity += platform.processor()
+    return identity.encode()
