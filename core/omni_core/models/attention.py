@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from omni_core.models.grouped_decode import grouped_decode, plan_decode_groups
 from omni_core.models.layers import apply_rotary
-from omni_core.models.native import paged_decode
+from omni_core.models.native import host_ops, paged_decode
 
 
 @dataclass
@@ -73,9 +73,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 class SdpaBackend:
-    """torch SDPA over KV gathered from the paged cache (any device)."""
+    """torch SDPA over KV gathered from the paged cache (any device); on the host in float32, C
+    kernels for decode attention and for rotary + cache write (``models/native``)."""
 
     name = "sdpa"
+    fuses_rotary = True  # forward takes ``rope``: on the host kernel, rotary and cache write are one pass
 
     def __init__(self, per_sequence: bool | None = None, native: bool = True):
         # None: per sequence for prefill, the host kernel or grouped by length for CPU decode,
@@ -128,7 +130,12 @@ class SdpaBackend:
             return self.per_sequence
         return meta.max_query_len > 1
 
-    def forward(self, q, k, v, k_cache, v_cache, meta, scale):
+    def forward(self, q, k, v, k_cache, v_cache, meta, scale, rope=None):
+        if rope is not None:
+            if host_ops.takes_rotary(q, k, v, k_cache):
+                q, k = host_ops.rotary_store(q, k, v, rope, meta.slot_mapping, k_cache, v_cache)
+                return self.attend(q, k, v, k_cache, v_cache, meta, scale)
+            q, k = apply_rotary(q, k, rope)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         return self.attend(q, k, v, k_cache, v_cache, meta, scale)
 

@@ -7,12 +7,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_core.models import kernels
+from omni_core.models.native import host_ops
 
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm. In float32 it matches the references exactly (normalise, then
-    scale); in half precision one fused call (accumulating in float32) replaces their
-    cast-normalise-cast-scale chain, rounding once instead of twice."""
+    scale), except on the host kernel (``native.host_ops``, float32 on CPU), which sums the squares
+    in another order (last-bit differences); in half precision one fused call (accumulating in
+    float32) replaces their cast-normalise-cast-scale chain, rounding once instead of twice."""
 
     def __init__(self, size: int, eps: float = 1e-6):
         super().__init__()
@@ -24,6 +26,8 @@ class RMSNorm(nn.Module):
         Triton kernel (add, norm and both writes) instead of the torch ops."""
         if fused:
             return kernels.rms_norm(x, self.weight, self.eps, residual)
+        if host_ops.takes(x, self.weight):
+            return host_ops.add_rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             residual = x + residual
             return self._norm(residual), residual
@@ -109,6 +113,8 @@ class GatedMLP(nn.Module):
         gate_up = self.gate_up_proj(x)
         if fused:
             return self.down_proj(kernels.silu_mul(gate_up))
+        if host_ops.takes(gate_up):
+            return self.down_proj(host_ops.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from omni_core.models import SdpaBackend
+from omni_core.models import SdpaBackend, native
 from omni_core.models.attention import AttentionMetadata
 from omni_core.models.native import paged_decode
 
@@ -77,7 +77,7 @@ def test_backend_takes_the_kernel_with_few_intra_op_threads():
     threads = torch.get_num_threads()
     chosen = {}
     try:
-        for n in (1, paged_decode.MAX_INTRA_OP_THREADS, paged_decode.MAX_INTRA_OP_THREADS + 1):
+        for n in (1, native.MAX_INTRA_OP_THREADS, native.MAX_INTRA_OP_THREADS + 1):
             torch.set_num_threads(n)
             ctx = torch.tensor(context_lens)
             meta = AttentionMetadata(ctx, tables, ctx, torch.ones_like(ctx), 1, 4)
@@ -125,11 +125,13 @@ def test_library_is_built_once_per_cache_dir(tmp_path):
 
 
 @pytest.mark.parametrize("env", [{"OMNI_NATIVE": "0"}, {"CC": "false"}], ids=["switched off", "compiler fails"])
-def test_engine_falls_back_to_torch_when_the_kernel_is_unavailable(tmp_path, env):
-    """Without the kernel a CPU engine decodes on the grouped SDPA path, with the same tokens."""
+def test_engine_falls_back_to_torch_when_the_kernels_are_unavailable(tmp_path, env):
+    """Without the host kernels a CPU engine runs torch ops (decode attention on the grouped SDPA
+    path), with the same tokens."""
     code = """
 import torch
 from omni_core.models import SdpaBackend
+from omni_core.models import native
 from omni_core.models.native import paged_decode
 from tests.helpers.hf_models import save_hf_models
 from omni_core.scheduler import AREngine, SamplingParams

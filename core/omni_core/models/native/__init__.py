@@ -6,6 +6,10 @@ no build step at install, and the code is compiled for the CPU it runs on (``-ma
 Where no compiler works, or with ``OMNI_NATIVE=0``, ``load`` returns ``None`` and callers keep
 their torch path. The flags allow the reassociation that vectorized sums need but not
 ``-ffast-math``, whose start-up code would flush denormals for the whole process.
+
+The kernels run on the calling thread: callers take them with at most ``MAX_INTRA_OP_THREADS``
+intra-op threads (``preferred``); with more, torch's parallel ops win (docs/benchmarks.md:
+decode attention equal at 4 threads, 1.1-1.2x slower at 8-16 on a 16-core host).
 """
 
 from __future__ import annotations
@@ -21,14 +25,22 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
+
 log = logging.getLogger(__name__)
 
 NATIVE_ENV = "OMNI_NATIVE"
+MAX_INTRA_OP_THREADS = 2
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC", "-shared"]
 
 
 def enabled() -> bool:
     return os.environ.get(NATIVE_ENV, "1") != "0"
+
+
+def preferred(name: str) -> bool:
+    """``<name>.c`` builds here, and few enough intra-op threads that one thread on it beats them."""
+    return torch.get_num_threads() <= MAX_INTRA_OP_THREADS and load(name) is not None
 
 
 @functools.cache

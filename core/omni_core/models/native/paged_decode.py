@@ -1,9 +1,4 @@
-"""Paged decode attention on the host through the C kernel in ``paged_decode.c``.
-
-The kernel runs on the calling thread. It is what a CPU engine uses with up to
-``MAX_INTRA_OP_THREADS`` intra-op threads; with more, SDPA's own parallel loops over the grouped
-path win (docs/benchmarks.md: equal at 4 threads, 1.1x-1.2x faster at 8-16 on a 16-core host).
-"""
+"""Paged decode attention on the host through the C kernel in ``paged_decode.c``."""
 
 from __future__ import annotations
 
@@ -13,8 +8,6 @@ import functools
 import torch
 
 from omni_core.models import native
-
-MAX_INTRA_OP_THREADS = 2
 
 
 @functools.cache
@@ -34,8 +27,8 @@ def available() -> bool:
 
 
 def preferred() -> bool:
-    """Built, and few enough intra-op threads that one thread on the kernel beats them on SDPA."""
-    return torch.get_num_threads() <= MAX_INTRA_OP_THREADS and available()
+    """Built, and few enough intra-op threads (``native.preferred``); else the grouped SDPA path."""
+    return native.preferred("paged_decode")
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

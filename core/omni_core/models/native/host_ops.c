@@ -1,0 +1,86 @@
+/* Fused element-wise steps of a decoder layer on the host, float32: each is one pass over its
+ * rows where torch runs several ops (and several passes) at the shapes of a decode step.
+ *
+ *   add_rms_norm:   (residual +) x -> weight * normalised; the sum kept as the new residual
+ *   silu_mul:       [rows, 2 * inter] gate|up -> silu(gate) * up
+ *   rotary_store:   NeoX rotary on q and k rows, k and v written into the paged cache at slots
+ *
+ * Row strides are given in floats, so q/k/v may be column slices of one projection output.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* exp(x) for |x| <= 88 by a polynomial on a reduced argument; relative error about 1e-7. */
+static inline float exp_approx(float x) {
+    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
+    const float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = x - k * 0.693359375f - k * -2.12194440e-4f;
+    const float p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 + r * (1.f / 720))))));
+    const int32_t bits = ((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, sizeof two_k);
+    return p * two_k;
+}
+
+void add_rms_norm_f32(const float *x, const float *residual, const float *weight, float eps, int64_t rows, int64_t hidden,
+                      float *out, float *residual_out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * hidden;
+        float *sum_row = residual ? residual_out + r * hidden : NULL;
+        if (residual) {
+            const float *rr = residual + r * hidden;
+            for (int64_t i = 0; i < hidden; i++) sum_row[i] = xr[i] + rr[i];
+            xr = sum_row;
+        }
+        float squares = 0.f;
+        for (int64_t i = 0; i < hidden; i++) squares += xr[i] * xr[i];
+        const float inverse = 1.f / sqrtf(squares / (float)hidden + eps);
+        float *o = out + r * hidden;
+        for (int64_t i = 0; i < hidden; i++) o[i] = weight[i] * (xr[i] * inverse);
+    }
+}
+
+void silu_mul_f32(const float *gate_up, int64_t rows, int64_t inter, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
+        float *o = out + r * inter;
+        for (int64_t i = 0; i < inter; i++) o[i] = gate[i] / (1.f + exp_approx(-gate[i])) * up[i];
+    }
+}
+
+/* One head's NeoX rotation: the halves (a, b) become (a cos - b sin, b cos + a sin). Each
+ * product is rounded before the sum, as torch's ops do (no fused multiply-add). */
+#ifndef __clang__
+__attribute__((optimize("fp-contract=off")))
+#endif
+static void rotate(const float *x, const float *cos, const float *sin, int64_t dim, float *out) {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const int64_t half = dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const float a = x[i] * cos[i], b = -x[i + half] * sin[i];
+        out[i] = a + b;
+    }
+    for (int64_t i = half; i < dim; i++) {
+        const float a = x[i] * cos[i], b = x[i - half] * sin[i];
+        out[i] = a + b;
+    }
+}
+
+/* q [tokens, heads, dim] and k, v [tokens, kv_heads, dim] with row strides (floats between
+ * tokens); cos and sin [tokens, dim]. Writes the rotated q and k to q_out, k_out (contiguous) and
+ * k_out, v into the caches ([slots, kv_heads, dim]) at slots[t]. */
+void rotary_store_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                      const float *cos, const float *sin, const int64_t *slots, int64_t tokens, int64_t heads,
+                      int64_t kv_heads, int64_t dim, float *q_out, float *k_out, float *k_cache, float *v_cache) {
+    const int64_t row = kv_heads * dim;
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *c = cos + t * dim, *s = sin + t * dim;
+        for (int64_t h = 0; h < heads; h++) rotate(q + t * q_stride + h * dim, c, s, dim, q_out + (t * heads + h) * dim);
+        for (int64_t h = 0; h < kv_heads; h++) rotate(k + t * k_stride + h * dim, c, s, dim, k_out + (t * kv_heads + h) * dim);
+        memcpy(k_cache + slots[t] * row, k_out + t * row, sizeof(float) * row);
+        memcpy(v_cache + slots[t] * row, v + t * v_stride, sizeof(float) * row);
+    }
+}
