@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from omni_core.cache import cache_root
 from omni_core.hooks import FamilySpec
-
-
-def cache_root() -> Path:
-    """omni's own cache (presets, saved voices): ``$OMNI_CACHE`` or ``~/.cache/omni``."""
-    return Path(os.environ.get("OMNI_CACHE", Path.home() / ".cache" / "omni"))
 
 
 class CheckpointNotFound(RuntimeError):

@@ -181,10 +181,11 @@ def serve(
 ):
     """Serve a model family behind an OpenAI-compatible HTTP API."""
     from omni_core.api import Omni
+    from omni_core.cache import cache_root
     from omni_core.hooks import UnknownNameError, get_plugin_manager
     from omni_core.platforms.select import PlatformUnavailableError, resolve_platform
     from omni_core.serve.app import create_app
-    from omni_core.serve.checkpoints import CheckpointNotFound, cache_root, resolve_checkpoint
+    from omni_core.serve.checkpoints import CheckpointNotFound, resolve_checkpoint
     from omni_core.serve.inputs import Limits
     from omni_core.serve.state import ServeConfig
 

@@ -37,7 +37,7 @@ def test_pip_install_core_into_a_new_venv_lists_the_builtins(tmp_path):
                            env=env, capture_output=True, text=True, cwd=tmp_path)
     assert str(venv) in where.stdout
     # the host kernels' C source ships in the wheel and builds from the installed copy
-    env["OMNI_CACHE_DIR"] = str(tmp_path / "cache")
+    env["OMNI_CACHE"] = str(tmp_path / "cache")
     built = subprocess.run([str(venv / "bin" / "python"), "-c", "from omni_core.models.native import paged_decode; print(paged_decode.available())"],
                            env=env, capture_output=True, text=True, cwd=tmp_path)
     assert built.stdout.strip() == "True", built.stderr

@@ -114,11 +114,11 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_library_is_built_once_per_cache_dir(tmp_path):
     code = "from omni_core.models.native import paged_decode; print(paged_decode.available())"
-    first = _python(code, OMNI_CACHE_DIR=str(tmp_path))
+    first = _python(code, OMNI_CACHE=str(tmp_path))
     assert first.stdout.strip() == "True", first.stderr
     (library,) = (tmp_path / "native").glob("paged_decode-*.so")
     built_at = library.stat().st_mtime_ns
-    again = _python(code, OMNI_CACHE_DIR=str(tmp_path))
+    again = _python(code, OMNI_CACHE=str(tmp_path))
     assert again.stdout.strip() == "True"
     assert [p.name for p in (tmp_path / "native").iterdir()] == [library.name]  # reused, no leftovers
     assert library.stat().st_mtime_ns == built_at
@@ -145,7 +145,7 @@ outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ign
 print(paged_decode.available(), [o.token_ids for o in outs])
 """
     run = lambda **extra: subprocess.run(  # noqa: E731
-        [sys.executable, "-c", code, str(tmp_path / "ckpt")], env={**os.environ, "OMNI_CACHE_DIR": str(tmp_path / "cache"), **extra},
+        [sys.executable, "-c", code, str(tmp_path / "ckpt")], env={**os.environ, "OMNI_CACHE": str(tmp_path / "cache"), **extra},
         capture_output=True, text=True, timeout=300, cwd=os.getcwd(),
     )
     without = run(**env)

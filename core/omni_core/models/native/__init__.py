@@ -1,7 +1,7 @@
 """Small C kernels for the host, compiled on first use with the machine's C compiler.
 
 Each ``.c`` file here is built once per source, compiler flags and CPU into a shared library
-under ``$OMNI_CACHE_DIR/native`` (default ``~/.cache/omni/native``) and loaded with ``ctypes``:
+under ``$OMNI_CACHE/native`` (default ``~/.cache/omni/native``) and loaded with ``ctypes``:
 no build step at install, and the code is compiled for the CPU it runs on (``-march=native``).
 Where no compiler works, or with ``OMNI_NATIVE=0``, ``load`` returns ``None`` and callers keep
 their torch path. The flags allow the reassociation that vectorized sums need but not
@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from omni_core.cache import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ def load(name: str) -> ctypes.CDLL | None:
     source = Path(__file__).with_name(f"{name}.c")
     code = source.read_bytes()
     key = hashlib.sha256(b"\0".join([code, " ".join(FLAGS).encode(), compiler.encode(), _cpu_identity()])).hexdigest()[:16]
-    cache = Path(os.environ.get("OMNI_CACHE_DIR") or Path.home() / ".cache" / "omni") / "native"
+    cache = cache_root() / "native"
     target = cache / f"{name}-{key}.so"
     if not target.exists():
         try:
