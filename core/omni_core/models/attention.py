@@ -132,7 +132,7 @@ class SdpaBackend:
 
     def forward(self, q, k, v, k_cache, v_cache, meta, scale, rope=None):
         if rope is not None:
-            if host_ops.takes_rotary(q, k, v, k_cache):
+            if host_ops.takes_rotary(q, k, v, k_cache, v_cache):
                 q, k = host_ops.rotary_store(q, k, v, rope, meta.slot_mapping, k_cache, v_cache)
                 return self.attend(q, k, v, k_cache, v_cache, meta, scale)
             q, k = apply_rotary(q, k, rope)
@@ -142,7 +142,7 @@ class SdpaBackend:
     def attend(self, q, k, v, k_cache, v_cache, meta, scale):
         """Attention once the step's K/V are in the cache (``prepare(meta)`` ran for this step)."""
         if "native_decode" in meta.cache:
-            if paged_decode.supports(q, k_cache):
+            if paged_decode.supports(q, k_cache, v_cache):
                 return paged_decode.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.cache["native_decode"], meta.block_size, scale)
             if "decode_plan" not in meta.cache:  # a cache the kernel does not take: the grouped path
                 meta.cache["decode_plan"] = plan_decode_groups(meta.block_tables, meta.host_context_lens, meta.block_size)

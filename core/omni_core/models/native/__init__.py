@@ -70,7 +70,11 @@ def load(name: str) -> ctypes.CDLL | None:
             detail = err.stderr.decode(errors="replace").strip() if isinstance(err, subprocess.CalledProcessError) else str(err)
             log.warning("building %s failed, its host kernels fall back to torch: %s", name, detail)
             return None
-    return ctypes.CDLL(str(target))
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as err:
+        log.warning("loading %s failed, its host kernels fall back to torch: %s", target, err)
+        return None
 
 
 def _cpu_identity() -> bytes:

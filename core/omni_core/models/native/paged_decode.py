@@ -31,9 +31,10 @@ def preferred() -> bool:
     return native.preferred("paged_decode")
 
 
-def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """float32 on the host, a contiguous cache, the heads a multiple of the KV heads."""
-    return q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and k_cache.is_contiguous() and q.shape[1] % k_cache.shape[1] == 0
+def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """float32 on the host, contiguous caches, the heads a multiple of the KV heads."""
+    float32 = q.device.type == "cpu" and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+    return float32 and k_cache.is_contiguous() and v_cache.is_contiguous() and q.shape[1] % k_cache.shape[1] == 0
 
 
 def paged_decode_attention(
@@ -41,7 +42,7 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """q [B, heads, d] (one query per sequence), caches [slots, kv_heads, d], block_tables [B, width]
     and context_lens [B] (``longest`` their maximum) -> [B, heads, d]. Needs ``available()`` and
-    ``supports(q, k_cache)``."""
+    ``supports(q, k_cache, v_cache)``."""
     batch, heads, dim = q.shape
     q = q.contiguous()
     block_tables = block_tables.to(torch.int64).contiguous()
