@@ -8,6 +8,8 @@ from omni_core.models.attention import AttentionMetadata
 from omni_core.models.grouped_decode import plan_decode_groups
 from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
 
+from tests.helpers.paged import scattered_cache
+
 from .conftest import VOCAB
 
 BLOCK = 4
@@ -16,16 +18,7 @@ BLOCK = 4
 def _decode_step(context_lens, heads, kv_heads, dim=8, seed=0):
     """A paged cache with shuffled blocks and one decode query per sequence."""
     g = torch.Generator().manual_seed(seed)
-    widths = [-(-n // BLOCK) for n in context_lens]
-    ids = torch.randperm(sum(widths) + 3, generator=g).tolist()
-    tables, at = [], 0
-    for w in widths:
-        tables.append(ids[at : at + w] + [0] * (max(widths) - w))
-        at += w
-    block_tables = torch.tensor(tables)
-    slots = (sum(widths) + 3) * BLOCK
-    k_cache = torch.randn(slots, kv_heads, dim, generator=g)
-    v_cache = torch.randn(slots, kv_heads, dim, generator=g)
+    block_tables, k_cache, v_cache = scattered_cache(context_lens, kv_heads, dim, BLOCK, g)
     ctx = torch.tensor(context_lens)
     last = ctx - 1
     meta = AttentionMetadata(block_tables[torch.arange(len(ctx)), last // BLOCK] * BLOCK + last % BLOCK, block_tables, ctx, torch.ones_like(ctx), 1, BLOCK)

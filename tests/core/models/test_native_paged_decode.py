@@ -14,23 +14,16 @@ from omni_core.models import SdpaBackend, native
 from omni_core.models.attention import AttentionMetadata
 from omni_core.models.native import paged_decode
 
+from tests.helpers.paged import scattered_cache
+
 pytestmark = pytest.mark.skipif(not paged_decode.available(), reason="no C compiler on this machine")
 
 
 def _paged_step(context_lens, heads, kv_heads, dim, block_size, seed=0):
     """Caches with each sequence's blocks scattered in a shuffled order, and one query per sequence."""
     g = torch.Generator().manual_seed(seed)
-    widths = [-(-n // block_size) for n in context_lens]
-    ids = torch.randperm(sum(widths) + 5, generator=g).tolist()
-    tables, at = [], 0
-    for w in widths:
-        tables.append(ids[at : at + w] + [0] * (max(widths) - w))
-        at += w
-    slots = (sum(widths) + 5) * block_size
-    k_cache = torch.randn(slots, kv_heads, dim, generator=g)
-    v_cache = torch.randn(slots, kv_heads, dim, generator=g)
-    q = torch.randn(len(context_lens), heads, dim, generator=g)
-    return q, k_cache, v_cache, torch.tensor(tables)
+    tables, k_cache, v_cache = scattered_cache(context_lens, kv_heads, dim, block_size, g, spare_blocks=5)
+    return torch.randn(len(context_lens), heads, dim, generator=g), k_cache, v_cache, tables
 
 
 def _reference(q, k_cache, v_cache, tables, context_lens, block_size):
