@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from omni_core.models import kernels
+from omni_core.models import kernels, native
 from omni_core.models.attention import AttentionMetadata, ForwardContext
 from omni_core.models.cpu_linear import pack_mlp_weights
 from omni_core.models.paged_backend import resolve_attention_backend
@@ -68,6 +68,8 @@ class ModelRunner:
         self.backend = resolve_attention_backend(backend, device)  # triton on CUDA when it imports, else sdpa
         if device.type == "cpu" and not getattr(self.backend, "fused_ops", False):  # the fused kernels read the weights
             pack_mlp_weights(model)  # oneDNN's layout, in place of the weights: 12-17% off a CPU run at 8-32 requests
+        if device.type == "cpu":
+            native.build_all()  # the host kernels compile here, not in the first request's step
         self.sampler = Sampler()
         self.last_sampling: tuple[tuple[int, ...], SamplingTensors] | None = None  # (seq ids, their tensors)
         spec = model.kv_cache_spec

@@ -149,3 +149,18 @@ print(paged_decode.available(), [o.token_ids for o in outs])
     with_kernel = run()
     assert with_kernel.stdout.startswith("True ")
     assert without.stdout.split(" ", 1)[1] == with_kernel.stdout.split(" ", 1)[1]
+
+
+def test_a_cpu_engine_builds_the_kernels_when_it_is_made(tmp_path):
+    """Not in its first request's step: the compiler runs while the engine is made."""
+    code = """
+import pathlib, sys
+from omni_core.scheduler import AREngine
+from tests.helpers.hf_models import save_hf_models
+_, path = save_hf_models(pathlib.Path(sys.argv[1]), {"m": {"arch": "Qwen2ForCausalLM", "vocab_size": 64}})["m"]
+AREngine.from_pretrained(path, device="cpu")
+"""
+    made = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ckpt")], env={**os.environ, "OMNI_CACHE": str(tmp_path / "cache")},
+                          capture_output=True, text=True, timeout=300, cwd=os.getcwd())
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "cache" / "native").glob("*.so")) == sorted(native.KERNELS)

@@ -36,6 +36,15 @@ MAX_INTRA_OP_THREADS = 2
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC", "-shared"]
 
 
+KERNELS = ("paged_decode", "host_ops")
+
+
+def build_all() -> None:
+    """Build (or find) every library now, so that a first request does not wait for the compiler."""
+    for name in KERNELS:
+        load(name)
+
+
 def enabled() -> bool:
     return os.environ.get(NATIVE_ENV, "1") != "0"
 
