@@ -43,9 +43,14 @@ void add_rms_norm_f32(const float *x, const float *residual, const float *weight
 
 void silu_mul_f32(const float *gate_up, int64_t rows, int64_t inter, float *out) {
     for (int64_t r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
-        float *o = out + r * inter;
-        for (int64_t i = 0; i < inter; i++) o[i] = gate[i] / (1.f + exp_approx(-gate[i])) * up[i];
+        const float *restrict gate = gate_up + r * 2 * inter, *restrict up = gate + inter;
+        float *restrict o = out + r * inter;
+        for (int64_t i = 0; i < inter; i++) {
+            /* the exponential first, in its own statement: GCC 12 then schedules the loop twice
+             * as fast as for the same arithmetic in one expression */
+            const float e = exp_approx(-gate[i]);
+            o[i] = gate[i] * up[i] / (1.f + e);
+        }
     }
 }
 
