@@ -132,7 +132,7 @@ class SdpaBackend:
 
     def forward(self, q, k, v, k_cache, v_cache, meta, scale, rope=None):
         if rope is not None:
-            if host_ops.takes_rotary(q, k, v, k_cache, v_cache):
+            if host_ops.takes_rotary(q, k, v, rope, k_cache, v_cache):
                 q, k = host_ops.rotary_store(q, k, v, rope, meta.slot_mapping, k_cache, v_cache)
                 return self.attend(q, k, v, k_cache, v_cache, meta, scale)
             q, k = apply_rotary(q, k, rope)

@@ -49,7 +49,8 @@ def test_rotary_store_is_bit_for_bit_the_torch_ops(tokens, heads, kv_heads, dim)
     rope = (torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin())
     slots = torch.randperm(tokens + 9, generator=g)[:tokens]
     caches = [torch.zeros(tokens + 9, kv_heads, dim) for _ in range(4)]
-    assert host_ops.takes_rotary(q, k, v, caches[0], caches[1])
+    assert host_ops.takes_rotary(q, k, v, rope, caches[0], caches[1])
+    assert not host_ops.takes_rotary(q, k, v, tuple(t.double() for t in rope), caches[0], caches[1])  # a table in another dtype: torch ops
     q_ours, k_ours = host_ops.rotary_store(q, k, v, rope, slots, caches[0], caches[1])
     q_ref, k_ref = apply_rotary(q, k, rope)
     store_kv(k_ref, v, caches[2], caches[3], slots)

@@ -73,7 +73,9 @@ def rotary_store(q, k, v, rope, slots, k_cache, v_cache) -> tuple[torch.Tensor, 
     return q_out, k_out
 
 
-def takes_rotary(q, k, v, k_cache, v_cache) -> bool:
-    """Host float32 tensors whose heads lie contiguous in each token's row, contiguous caches."""
+def takes_rotary(q, k, v, rope, k_cache, v_cache) -> bool:
+    """Host float32 tensors whose heads lie contiguous in each token's row, one (cos, sin) row of
+    the head size per token, contiguous caches."""
     heads_packed = all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k, v))
-    return heads_packed and k_cache.is_contiguous() and v_cache.is_contiguous() and takes(q, k, v, k_cache, v_cache)
+    rows = all(t.numel() == q.shape[0] * q.shape[2] for t in rope)
+    return heads_packed and rows and k_cache.is_contiguous() and v_cache.is_contiguous() and takes(q, k, v, *rope, k_cache, v_cache)
