@@ -58,20 +58,24 @@ def test_rotary_store_is_bit_for_bit_the_torch_ops(tokens, heads, kv_heads, dim)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
 
 
-def test_layers_take_the_host_kernels_only_in_float32_with_few_threads(monkeypatch):
+def test_layers_take_the_host_kernels_in_float32_for_small_steps_or_few_threads(monkeypatch):
+    """Below torch's parallel grain at any thread count; larger tensors only with few threads
+    (torch's ops then run on several); never in another dtype."""
     taken = []
     real = host_ops.add_rms_norm
-    monkeypatch.setattr(host_ops, "add_rms_norm", lambda *a, **k: taken.append(a[0].dtype) or real(*a, **k))
+    monkeypatch.setattr(host_ops, "add_rms_norm", lambda *a, **k: taken.append((a[0].shape[0], a[0].dtype)) or real(*a, **k))
+    small, large = torch.randn(3, 16), torch.randn(host_ops.PARALLEL_GRAIN // 16 + 1, 16)
     threads = torch.get_num_threads()
     try:
         for n in (1, native.MAX_INTRA_OP_THREADS + 1):
             torch.set_num_threads(n)
-            RMSNorm(16)(torch.randn(3, 16))
+            RMSNorm(16)(small)
+            RMSNorm(16)(large)
         torch.set_num_threads(1)
-        RMSNorm(16).to(torch.bfloat16)(torch.randn(3, 16, dtype=torch.bfloat16))
+        RMSNorm(16).to(torch.bfloat16)(small.bfloat16())
     finally:
         torch.set_num_threads(threads)
-    assert taken == [torch.float32]  # float32 with one thread only
+    assert taken == [(3, torch.float32), (large.shape[0], torch.float32), (3, torch.float32)]
 
 
 def test_gated_mlp_on_the_host_kernel_matches_torch():

@@ -26,9 +26,17 @@ def _library():
     return lib
 
 
+# torch's element-wise CPU ops use more than one thread only above this many elements
+# (at::internal::GRAIN_SIZE): below it one thread on a kernel replaces several one-thread ops
+PARALLEL_GRAIN = 32768
+
+
 def takes(*tensors: torch.Tensor) -> bool:
-    """The host kernels are preferred here (``native.preferred``) and these are float32 host tensors."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and native.preferred("host_ops") and _library() is not None
+    """Float32 host tensors, the library built, and either a first tensor smaller than torch's
+    parallel grain or few intra-op threads (``native.MAX_INTRA_OP_THREADS``)."""
+    if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) or _library() is None:
+        return False
+    return tensors[0].numel() < PARALLEL_GRAIN or torch.get_num_threads() <= native.MAX_INTRA_OP_THREADS
 
 
 def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
