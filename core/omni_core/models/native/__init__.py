@@ -1,7 +1,8 @@
 """Small C kernels for the host, compiled on first use with the machine's C compiler.
 
-Each ``.c`` file here is built once per source, compiler flags and CPU into a shared library
-under ``$OMNI_CACHE/native`` (default ``~/.cache/omni/native``) and loaded with ``ctypes``:
+Each ``.c`` file here (with the headers beside it) is built once per source, compiler flags and
+CPU into a shared library under ``$OMNI_CACHE/native`` (default ``~/.cache/omni/native``) and
+loaded with ``ctypes``:
 no build step at install, and the code is compiled for the CPU it runs on (``-march=native``).
 Where no compiler works, or with ``OMNI_NATIVE=0``, ``load`` returns ``None`` and callers keep
 their torch path. The flags allow the reassociation that vectorized sums need but not
@@ -66,7 +67,7 @@ def load(name: str) -> ctypes.CDLL | None:
         log.warning("no C compiler found: the host kernels of %s fall back to torch", name)
         return None
     source = Path(__file__).with_name(f"{name}.c")
-    code = source.read_bytes()
+    code = b"".join(path.read_bytes() for path in [source, *sorted(source.parent.glob("*.h"))])  # with the headers it includes
     key = hashlib.sha256(b"\0".join([code, " ".join(FLAGS).encode(), compiler.encode(), _cpu_identity()])).hexdigest()[:16]
     cache = cache_root() / "native"
     target = cache / f"{name}-{key}.so"

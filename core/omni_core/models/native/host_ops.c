@@ -11,17 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* exp(x) for |x| <= 88 by a polynomial on a reduced argument; relative error about 1e-7. */
-static inline float exp_approx(float x) {
-    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
-    const float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-    const float r = x - k * 0.693359375f - k * -2.12194440e-4f;
-    const float p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 + r * (1.f / 720))))));
-    const int32_t bits = ((int32_t)k + 127) << 23;
-    float two_k;
-    memcpy(&two_k, &bits, sizeof two_k);
-    return p * two_k;
-}
+#include "exp_approx.h"
 
 void add_rms_norm_f32(const float *x, const float *residual, const float *weight, float eps, int64_t rows, int64_t hidden,
                       float *out, float *residual_out) {

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "exp_approx.h"
+
 #define INLINE static inline __attribute__((always_inline))
 
 /* Eight floats as a generic vector (GCC and Clang lower it to the target's registers). */
@@ -38,20 +40,13 @@ INLINE v8 sum8x8(const v8 a[8]) {
            __builtin_shufflevector(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
-/* s[i] = exp(s[i] - shift) for s[i] <= shift; returns their sum. Relative error about 1e-7. */
+/* s[i] = exp(s[i] - shift) for s[i] <= shift; returns their sum. */
 static float exp_shifted(float *s, int64_t n, float shift) {
     float total = 0.f;
     for (int64_t i = 0; i < n; i++) {
-        float x = s[i] - shift;
-        x = x < -87.f ? -87.f : x;
-        const float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);  /* x = k ln2 + r, |r| <= ln2 / 2 */
-        const float r = x - k * 0.693359375f - k * -2.12194440e-4f;          /* ln2 in two parts */
-        const float p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 + r * (1.f / 720))))));
-        const int32_t bits = ((int32_t)k + 127) << 23; /* 2^k */
-        float two_k;
-        memcpy(&two_k, &bits, sizeof two_k);
-        s[i] = p * two_k;
-        total += s[i];
+        const float e = exp_approx(s[i] - shift);
+        s[i] = e;
+        total += e;
     }
     return total;
 }
