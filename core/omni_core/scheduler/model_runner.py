@@ -66,10 +66,10 @@ class ModelRunner:
         # a decode graph looks its tokens' embeddings up itself unless a hook may replace them
         self.embed_in_graph = "before_decode" not in hooks
         self.backend = resolve_attention_backend(backend, device)  # triton on CUDA when it imports, else sdpa
-        if device.type == "cpu" and not getattr(self.backend, "fused_ops", False):  # the fused kernels read the weights
-            pack_mlp_weights(model)  # oneDNN's layout, in place of the weights: 12-17% off a CPU run at 8-32 requests
         if device.type == "cpu":
             native.build_all()  # the host kernels compile here, not in the first request's step
+            if not getattr(self.backend, "fused_ops", False):  # the fused kernels read the weights
+                pack_mlp_weights(model)  # oneDNN's layout, in place of the weights: 12-17% off a CPU run at 8-32 requests
         self.sampler = Sampler()
         self.last_sampling: tuple[tuple[int, ...], SamplingTensors] | None = None  # (seq ids, their tensors)
         spec = model.kv_cache_spec

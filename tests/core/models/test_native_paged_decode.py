@@ -100,9 +100,9 @@ def test_backend_decodes_float32_on_the_kernel_and_other_caches_grouped():
         torch.testing.assert_close(out.float(), _reference(q.to(dtype).float(), kc.float(), vc.float(), tables, context_lens, 4), rtol=2e-2 if dtype != torch.float32 else 1e-5, atol=2e-2 if dtype != torch.float32 else 1e-5)
 
 
-def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300)
+def _python(code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``code`` in a new interpreter (from the repository root, so ``tests.helpers`` imports)."""
+    return subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=300, cwd=os.getcwd())
 
 
 def test_library_is_built_once_per_cache_dir(tmp_path):
@@ -123,8 +123,6 @@ def test_engine_falls_back_to_torch_when_the_kernels_are_unavailable(tmp_path, e
     path), with the same tokens."""
     code = """
 import torch
-from omni_core.models import SdpaBackend
-from omni_core.models import native
 from omni_core.models.native import paged_decode
 from tests.helpers.hf_models import save_hf_models
 from omni_core.scheduler import AREngine, SamplingParams
@@ -137,10 +135,9 @@ prompts = [[1, 2, 3], list(range(5, 40)), [7] * 20]
 outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
 print(paged_decode.available(), [o.token_ids for o in outs])
 """
-    run = lambda **extra: subprocess.run(  # noqa: E731
-        [sys.executable, "-c", code, str(tmp_path / "ckpt")], env={**os.environ, "OMNI_CACHE": str(tmp_path / "cache"), **extra},
-        capture_output=True, text=True, timeout=300, cwd=os.getcwd(),
-    )
+    def run(**extra):
+        return _python(code, str(tmp_path / "ckpt"), OMNI_CACHE=str(tmp_path / "cache"), **extra)
+
     without = run(**env)
     assert without.returncode == 0, without.stderr
     assert without.stdout.startswith("False "), without.stdout
@@ -160,7 +157,6 @@ from tests.helpers.hf_models import save_hf_models
 _, path = save_hf_models(pathlib.Path(sys.argv[1]), {"m": {"arch": "Qwen2ForCausalLM", "vocab_size": 64}})["m"]
 AREngine.from_pretrained(path, device="cpu")
 """
-    made = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ckpt")], env={**os.environ, "OMNI_CACHE": str(tmp_path / "cache")},
-                          capture_output=True, text=True, timeout=300, cwd=os.getcwd())
+    made = _python(code, str(tmp_path / "ckpt"), OMNI_CACHE=str(tmp_path / "cache"))
     assert made.returncode == 0, made.stderr
     assert sorted(p.name.split("-")[0] for p in (tmp_path / "cache" / "native").glob("*.so")) == sorted(native.KERNELS)
