@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from omni_core.models.grouped_decode import grouped_decode, plan_decode_groups
 from omni_core.models.layers import apply_rotary
-from omni_core.models.native import host_ops, paged_decode
+from omni_core.models.native import host_ops, paged_decode, paged_prefill
 
 
 @dataclass
@@ -74,7 +74,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 class SdpaBackend:
     """torch SDPA over KV gathered from the paged cache (any device); on the host in float32, C
-    kernels for decode attention and for rotary + cache write (``models/native``)."""
+    kernels for decode and prefill attention and for rotary + cache write (``models/native``)."""
 
     name = "sdpa"
     fuses_rotary = True  # forward takes ``rope``: on the host kernel, rotary and cache write are one pass
@@ -83,7 +83,7 @@ class SdpaBackend:
         # None: per sequence for prefill, the host kernel or grouped by length for CPU decode,
         # padded batch for CUDA decode
         self.per_sequence = per_sequence
-        self.native = native  # CPU float32 decode on the host C kernel where it is preferred (models/native)
+        self.native = native  # CPU float32 decode and prefill on the host C kernels where preferred (models/native)
 
     def prepare(self, meta: AttentionMetadata) -> None:
         if self.per_sequence is None and meta.host_context_lens is not None and meta.max_query_len == 1 and meta.block_tables.device.type == "cpu":
@@ -95,15 +95,10 @@ class SdpaBackend:
                 meta.cache["decode_plan"] = plan_decode_groups(meta.block_tables, meta.host_context_lens, meta.block_size)
             return
         if self._per_sequence(meta):
-            bs = meta.block_size
-            seq_slots = []
-            for b, (n, ctx) in enumerate(zip(meta.host_query_lens, meta.host_context_lens, strict=True)):
-                if ctx == n:
-                    seq_slots.append(None)  # no history: attend to the fresh K/V
-                else:
-                    pos = torch.arange(ctx, device=meta.block_tables.device)
-                    seq_slots.append(meta.block_tables[b, pos // bs] * bs + pos % bs)
-            meta.cache["seq_slots"] = seq_slots
+            if self.per_sequence is None and self.native and meta.block_tables.device.type == "cpu" and paged_prefill.preferred():
+                meta.cache["native_prefill"] = max(meta.host_context_lens)  # CPU prefill by default: the C kernel reading the paged cache
+            else:
+                meta.cache["seq_slots"] = self._sequence_slots(meta)
             return
         bt = meta.block_tables
         bs = meta.block_size
@@ -119,6 +114,19 @@ class SdpaBackend:
         allowed[:, :, 0] = True  # padded query rows must see something; their output is dropped
         meta.cache["kv_slots"] = kv_slots
         meta.cache["mask"] = allowed[:, None]  # [B, 1, Q, K]
+
+    @staticmethod
+    def _sequence_slots(meta: AttentionMetadata) -> list[torch.Tensor | None]:
+        """Each sequence's cache slots, None for one without history (it attends to its fresh K/V)."""
+        bs = meta.block_size
+        seq_slots = []
+        for b, (n, ctx) in enumerate(zip(meta.host_query_lens, meta.host_context_lens, strict=True)):
+            if ctx == n:
+                seq_slots.append(None)
+            else:
+                pos = torch.arange(ctx, device=meta.block_tables.device)
+                seq_slots.append(meta.block_tables[b, pos // bs] * bs + pos % bs)
+        return seq_slots
 
     def _per_sequence(self, meta: AttentionMetadata) -> bool:
         """Sequence by sequence when lengths are known on the host (not in a graph): by default
@@ -149,6 +157,13 @@ class SdpaBackend:
         if "decode_plan" in meta.cache:
             out = grouped_decode(q, k_cache, v_cache, meta.cache["decode_plan"], scale)
             return out if out.dtype == q.dtype else out.to(q.dtype)
+        if "native_prefill" in meta.cache:
+            if paged_prefill.supports(q, k_cache, v_cache):
+                return paged_prefill.paged_prefill_attention(
+                    q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_lens, meta.cache["native_prefill"], meta.block_size, scale
+                )
+            if "seq_slots" not in meta.cache:  # shapes or a cache the kernel does not take: SDPA per sequence
+                meta.cache["seq_slots"] = self._sequence_slots(meta)
         if "seq_slots" in meta.cache:
             return self._forward_per_sequence(q, k, v, k_cache, v_cache, meta, scale)
         kv_slots = meta.cache["kv_slots"]
