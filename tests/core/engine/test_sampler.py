@@ -67,12 +67,14 @@ def test_seen_tokens_exclude_embedded_prompts_and_ids_past_the_vocab():
     assert build_sampling_tensors([by_ids, by_embeds], 16, "cpu", reuse=t).seen_tokens.nonzero().tolist() == [[0, 2], [0, 5], [0, 9], [1, 5], [1, 7]]
 
 
-@pytest.mark.parametrize("vocab", [100, 1024, 1100])  # below the chunked path, whole chunks, a tail
+@pytest.mark.parametrize("vocab", [10, 100, 1024, 1100])  # below a vector, below the chunked path, whole chunks, a tail
 def test_greedy_takes_the_first_largest_logit_as_argmax_does(vocab):
+    """float32 rows on the host kernel (where built), bfloat16 on the chunked search."""
     from omni_core.scheduler.sampler import GREEDY_CHUNK, greedy
 
     logits = torch.randn(8, vocab, generator=torch.Generator().manual_seed(3))
-    ties = torch.zeros(5, vocab)
+    ties = torch.zeros(6, vocab)
+    ties[5, [3, 19 % vocab]] = 4.0  # one lane of two vectors
     ties[0, [7, vocab - 1]] = 1.0  # across chunks (and into the tail)
     inside = min(GREEDY_CHUNK, vocab) - 1
     ties[1, [inside - 1, inside]] = 2.0  # inside one chunk

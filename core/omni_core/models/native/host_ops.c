@@ -4,6 +4,7 @@
  *   add_rms_norm:   (residual +) x -> weight * normalised; the sum kept as the new residual
  *   silu_mul:       [rows, 2 * inter] gate|up -> silu(gate) * up
  *   rotary_store:   NeoX rotary on q and k rows, k and v written into the paged cache at slots
+ *   argmax_rows:    each row's first largest value's index (greedy sampling)
  *
  * Row strides are given in floats, so q/k/v may be column slices of one projection output.
  */
@@ -77,5 +78,45 @@ void rotary_store_f32(const float *q, int64_t q_stride, const float *k, int64_t 
         for (int64_t h = 0; h < kv_heads; h++) rotate(k + t * k_stride + h * dim, c, s, dim, k_out + (t * kv_heads + h) * dim);
         memcpy(k_cache + slots[t] * row, k_out + t * row, sizeof(float) * row);
         memcpy(v_cache + slots[t] * row, v + t * v_stride, sizeof(float) * row);
+    }
+}
+
+/* Each row's index of its first largest value (rows [rows, cols], contiguous): lane-wise running
+ * maxima with the index where each lane first reached it, then the lanes compared; one pass in
+ * whole vectors (torch's CPU argmax is a scalar loop). NaN is never taken as the largest. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+void argmax_rows_f32(const float *values, int64_t rows, int64_t cols, int64_t *out) {
+    const v16i lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = values + r * cols;
+        float best = -INFINITY;
+        int64_t at = 0, c = 0;
+        if (cols >= 16 && cols < (int64_t)1 << 31) {
+            v16 top;
+            memcpy(&top, row, sizeof top);
+            v16i where = lanes;
+            for (c = 16; c + 16 <= cols; c += 16) {
+                v16 next;
+                memcpy(&next, row + c, sizeof next);
+                const v16i larger = next > top; /* strictly: a lane keeps its first maximum */
+                top = (v16)((larger & (v16i)next) | (~larger & (v16i)top));
+                where = (larger & ((int32_t)c + lanes)) | (~larger & where);
+            }
+            best = top[0];
+            at = where[0];
+            for (int i = 1; i < 16; i++)
+                if (top[i] > best || (top[i] == best && where[i] < at)) {
+                    best = top[i];
+                    at = where[i];
+                }
+        }
+        for (; c < cols; c++)
+            if (row[c] > best) { /* later columns: only a strictly larger value moves the index */
+                best = row[c];
+                at = c;
+            }
+        out[r] = at;
     }
 }

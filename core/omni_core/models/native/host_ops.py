@@ -21,7 +21,8 @@ def _library():
     lib.add_rms_norm_f32.argtypes = [pointer, pointer, pointer, real, integer, integer, pointer, pointer]
     lib.silu_mul_f32.argtypes = [pointer, integer, integer, pointer]
     lib.rotary_store_f32.argtypes = [pointer, integer] * 3 + [pointer, pointer, pointer] + [integer] * 4 + [pointer] * 4
-    for fn in (lib.add_rms_norm_f32, lib.silu_mul_f32, lib.rotary_store_f32):
+    lib.argmax_rows_f32.argtypes = [pointer, integer, integer, pointer]
+    for fn in (lib.add_rms_norm_f32, lib.silu_mul_f32, lib.rotary_store_f32, lib.argmax_rows_f32):
         fn.restype = None
     return lib
 
@@ -34,7 +35,10 @@ PARALLEL_GRAIN = 32768
 def takes(*tensors: torch.Tensor) -> bool:
     """Float32 host tensors, the library built, and either a first tensor smaller than torch's
     parallel grain or few intra-op threads (``native.MAX_INTRA_OP_THREADS``)."""
-    if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) or _library() is None:
+    for t in tensors:  # a plain loop: asked a dozen times a step, a generator cost more than the check
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            return False
+    if _library() is None:
         return False
     return tensors[0].numel() < PARALLEL_GRAIN or torch.get_num_threads() <= native.MAX_INTRA_OP_THREADS
 
@@ -79,6 +83,15 @@ def rotary_store(q, k, v, rope, slots, k_cache, v_cache) -> tuple[torch.Tensor, 
         tokens, heads, kv_heads, dim, q_out.data_ptr(), k_out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
     )
     return q_out, k_out
+
+
+def argmax_rows(values: torch.Tensor) -> torch.Tensor:
+    """[rows, cols] -> each row's index of its first largest value (int64), as ``argmax(dim=-1)``
+    for values without NaN. Needs ``takes(values)``."""
+    values = values.contiguous()
+    out = torch.empty(values.shape[0], dtype=torch.int64)
+    _library().argmax_rows_f32(values.data_ptr(), values.shape[0], values.shape[1], out.data_ptr())
+    return out
 
 
 def takes_rotary(q, k, v, rope, k_cache, v_cache) -> bool:
