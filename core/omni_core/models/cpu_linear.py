@@ -1,11 +1,16 @@
-"""Linear layers on CPU with the weight pre-packed for oneDNN.
+"""Linear layers on CPU with the weight pre-packed: for oneDNN, or for the host kernel
+(``native/linear.c``).
 
 On the development CPU (AVX-512, one thread, float32) oneDNN's matmul on a weight reordered once
 into its blocked layout ran the logits head (8192 x 256) 1.5x faster than ``F.linear`` at one row
 and 1.9-2.6x at 8-32 rows, and the MLP's gate/up and down projections 1.3-1.8x at 8-32 rows
-(1.1-1.25x at 512); q/k/v and o_proj gained nothing or lost (docs/benchmarks.md, AR engine, CPU).
-So the logits heads (``PackedWeight``, beside the weight: a tied head's weight is also the
-embedding) and the MLPs (``pack_mlp_weights``, in place of the weight) use it.
+(1.1-1.25x at 512); q/k/v and o_proj gained nothing or lost. The host kernel, one thread, ran
+q/k/v, o_proj and down_proj 1.3-2.5x faster than either at 1-32 rows and as fast or faster at 64-512;
+gate/up (2048 columns) and the head (8192) 0.9x oneDNN from 32-64 rows on (docs/benchmarks.md, AR
+engine, CPU). So the logits heads (``PackedWeight``, beside the weight: a tied head's weight is
+also the embedding) and gate/up take oneDNN, and ``pack_cpu_linears`` gives q/k/v, o_proj and
+down_proj the host kernel where it is preferred (few intra-op threads: it runs on one), oneDNN for
+down_proj otherwise.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from omni_core.models.native import linear as host_linear
 
 
 @functools.cache
@@ -83,17 +90,43 @@ class PackedCpuLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed for oneDNN"
 
 
-def pack_mlp_weights(model: nn.Module) -> int:
-    """Replaces the gate/up and down projections of each ``GatedMLP`` in ``model`` whose weights
-    ``packing_supported`` by ``PackedCpuLinear`` (the unpacked weights are released: the model's
-    memory stays the same, its ``state_dict`` no longer holds them). Returns how many MLPs."""
+class HostLinear(nn.Module):
+    """A float32 CPU ``nn.Linear`` whose weight is kept only in the host kernel's panels."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = host_linear.pack(linear.weight)
+        self.bias = None if linear.bias is None else linear.bias.detach().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = host_linear.linear(x.reshape(-1, self.in_features), self.packed, self.bias, self.out_features)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed for the host kernel"
+
+
+def pack_cpu_linears(model: nn.Module) -> int:
+    """Packs the float32 CPU projections of ``model``'s decoder layers in place of their weights
+    (the model's memory stays the same; its ``state_dict`` no longer holds them): each ``GatedMLP``'s
+    gate/up for oneDNN and its down_proj, and each attention's ``qkv_proj`` / ``o_proj``, for the
+    host kernel where ``native.linear`` is preferred (else down_proj for oneDNN, q/k/v and o_proj
+    left to ``F.linear``). Returns how many linear layers were packed."""
     from omni_core.models.layers import GatedMLP
 
-    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
+    host = host_linear.preferred()
     packed = 0
-    for mlp in mlps:
-        linears = (mlp.gate_up_proj, mlp.down_proj)
-        if all(type(lin) is not PackedCpuLinear and packing_supported(lin.weight) for lin in linears):
-            mlp.gate_up_proj, mlp.down_proj = (PackedCpuLinear(lin) for lin in linears)
-            packed += 1
+    for module in list(model.modules()):
+        if isinstance(module, GatedMLP):
+            wanted = {"gate_up_proj": PackedCpuLinear, "down_proj": HostLinear if host else PackedCpuLinear}
+        elif host and isinstance(getattr(module, "qkv_proj", None), nn.Linear) and isinstance(getattr(module, "o_proj", None), nn.Linear):
+            wanted = {"qkv_proj": HostLinear, "o_proj": HostLinear}
+        else:
+            continue
+        for name, kind in wanted.items():
+            lin = getattr(module, name)
+            if type(lin) not in (PackedCpuLinear, HostLinear) and packing_supported(lin.weight):
+                setattr(module, name, kind(lin))
+                packed += 1
     return packed

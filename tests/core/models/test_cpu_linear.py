@@ -1,10 +1,15 @@
-"""CPU linear layers on weights pre-packed for oneDNN (``models.cpu_linear``): the logits head's
-packed copy and the MLPs packed in place, against F.linear."""
+"""CPU linear layers on pre-packed weights (``models.cpu_linear``): the logits head's copy packed
+for oneDNN, and the decoder layers' projections packed in place for oneDNN or the host kernel
+(``native/linear.c``), against F.linear."""
+
+import contextlib
 
 import pytest
 import torch
 import torch.nn.functional as F
+from omni_core.models import native
 from omni_core.models.cpu_linear import PackedWeight, packing_supported
+from omni_core.models.native import linear as host_linear
 
 pytestmark = pytest.mark.skipif(not packing_supported(torch.zeros(2, 2)), reason="this torch has no oneDNN linear")
 
@@ -52,33 +57,74 @@ def _small_qwen(dtype=torch.float32):
     return random_init(Qwen2ForCausalLM(config), seed=0).to(dtype).eval()
 
 
+@contextlib.contextmanager
+def _intra_op_threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(native.load("linear") is None, reason="no C compiler on this machine")
+@pytest.mark.parametrize(("rows", "in_features", "out_features", "bias"), [(1, 64, 32, False), (7, 48, 100, True), (13, 256, 384, True), (64, 1024, 33, False)])
+def test_host_kernel_matches_f_linear(rows, in_features, out_features, bias):
+    """Blocks of 6, 2 and 1 rows; a last panel of fewer than 32 columns; with and without bias."""
+    g = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(out_features, in_features, generator=g), torch.randn(rows, in_features, generator=g)
+    b = torch.randn(out_features, generator=g) if bias else None
+    got = host_linear.linear(x, host_linear.pack(weight), b, out_features)
+    torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(native.load("linear") is None, reason="no C compiler on this machine")
 @pytest.mark.parametrize("rows", [1, 5, 600])  # 600: the MLP's row chunks run on the packed layers too
-def test_packed_mlps_compute_what_the_weights_did_and_release_them(rows):
-    from omni_core.models.cpu_linear import PackedCpuLinear, pack_mlp_weights
+def test_packed_layers_compute_what_the_weights_did_and_release_them(rows):
+    """With few intra-op threads: gate/up for oneDNN, down_proj, q/k/v and o_proj for the host kernel."""
+    from omni_core.models.cpu_linear import HostLinear, PackedCpuLinear, pack_cpu_linears
 
     model = _small_qwen()
-    mlp = model.model.layers[0].mlp
+    layer = model.model.layers[0]
+    mlp, attn = layer.mlp, layer.self_attn
     x = torch.randn(rows, 32)
+    layers = {"mlp": mlp, "qkv": attn.qkv_proj, "o": attn.o_proj}
     with torch.inference_mode():
-        reference = mlp(x)
-    assert pack_mlp_weights(model) == 2
-    assert isinstance(mlp.gate_up_proj, PackedCpuLinear) and isinstance(mlp.down_proj, PackedCpuLinear)
-    assert not any(".mlp." in name for name, _ in model.named_parameters())  # the unpacked weights are gone
+        reference = {name: f(x) for name, f in layers.items()}
+    with _intra_op_threads(1):
+        assert pack_cpu_linears(model) == 8  # two layers: gate/up, down, q/k/v, o_proj each
+    assert isinstance(mlp.gate_up_proj, PackedCpuLinear) and isinstance(mlp.down_proj, HostLinear)
+    assert isinstance(attn.qkv_proj, HostLinear) and isinstance(attn.o_proj, HostLinear)
+    assert not any(".mlp." in name or "_proj.weight" in name for name, _ in model.named_parameters())  # the unpacked weights are gone
+    layers = {"mlp": mlp, "qkv": attn.qkv_proj, "o": attn.o_proj}
     with torch.inference_mode():
-        torch.testing.assert_close(mlp(x), reference, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(mlp(x.view(1, rows, 32)), reference.view(1, rows, 32), rtol=1e-5, atol=1e-5)
-    assert pack_mlp_weights(model) == 0  # packed once
+        for name, f in layers.items():
+            torch.testing.assert_close(f(x), reference[name], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(f(x.view(1, rows, 32)), reference[name].view(1, rows, -1), rtol=1e-5, atol=1e-5)
+    assert pack_cpu_linears(model) == 0  # packed once
 
 
-def test_bfloat16_mlps_stay_as_they_are():
-    from omni_core.models.cpu_linear import pack_mlp_weights
+def test_with_many_threads_only_the_mlps_are_packed_for_onednn():
+    from omni_core.models.cpu_linear import PackedCpuLinear, pack_cpu_linears
+
+    model = _small_qwen()
+    with _intra_op_threads(native.MAX_INTRA_OP_THREADS + 1):
+        assert pack_cpu_linears(model) == 4
+    layer = model.model.layers[0]
+    assert isinstance(layer.mlp.gate_up_proj, PackedCpuLinear) and isinstance(layer.mlp.down_proj, PackedCpuLinear)
+    assert type(layer.self_attn.o_proj) is torch.nn.Linear
+
+
+def test_bfloat16_layers_stay_as_they_are():
+    from omni_core.models.cpu_linear import pack_cpu_linears
 
     model = _small_qwen(torch.bfloat16)
-    assert pack_mlp_weights(model) == 0
-    assert isinstance(model.model.layers[0].mlp.down_proj, torch.nn.Linear)
+    assert pack_cpu_linears(model) == 0
+    assert type(model.model.layers[0].mlp.down_proj) is torch.nn.Linear
+    assert isinstance(model.model.layers[0].self_attn.qkv_proj, torch.nn.Linear)
 
 
-def test_a_cpu_engine_packs_its_models_mlps():
+def test_a_cpu_engine_packs_its_models_projections():
     # what it then generates is checked against transformers in test_qwen_parity.py
     from omni_core.models.cpu_linear import PackedCpuLinear
     from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
