@@ -4,24 +4,34 @@
 On the development CPU (AVX-512, one thread, float32) oneDNN's matmul on a weight reordered once
 into its blocked layout ran the logits head (8192 x 256) 1.5x faster than ``F.linear`` at one row
 and 1.9-2.6x at 8-32 rows, and the MLP's gate/up and down projections 1.3-1.8x at 8-32 rows
-(1.1-1.25x at 512); q/k/v and o_proj gained nothing or lost. The host kernel, one thread, ran
-q/k/v, o_proj and down_proj 1.3-2.5x faster than either at 1-32 rows and as fast or faster at 64-512;
-gate/up (2048 columns) and the head (8192) 0.9x oneDNN from 32-64 rows on (docs/benchmarks.md, AR
-engine, CPU). So the logits heads (``PackedWeight``, beside the weight: a tied head's weight is
-also the embedding) and gate/up take oneDNN, and ``pack_cpu_linears`` gives q/k/v, o_proj and
-down_proj the host kernel where it is preferred (few intra-op threads: it runs on one), oneDNN for
-down_proj otherwise.
+(1.1-1.25x at 512); q/k/v and o_proj gained nothing or lost. The host kernel (one thread) ran
+q/k/v, o_proj and down_proj 1.3-2.5x faster than either at 1-32 rows and as fast or faster at
+64-512 there, gate/up (2048 columns) and the head (8192) 0.9x oneDNN from 32-64 rows on; but on an
+Intel Xeon host an engine ran 9-40% slower with it at 2-8 threads and no faster at one
+(docs/benchmarks.md, AR engine, CPU). So the logits heads (``PackedWeight``, beside the weight: a
+tied head's weight is also the embedding) and gate/up take oneDNN, and ``pack_cpu_linears`` gives
+q/k/v, o_proj and down_proj the host kernel where it measures faster on this CPU.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import math
+import os
+import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from omni_core.models.native import linear as host_linear
+
+log = logging.getLogger(__name__)
+
+HOST_LINEAR_ENV = "OMNI_HOST_LINEAR"  # "1": the host kernel wherever built, "0": never, else measured
+CALIBRATION_ROWS = (1, 8, 32)  # decode-sized batches, where the two differ most
+HOST_KERNEL_MARGIN = 0.9  # the host kernel is taken at this share of the other's time or less
 
 
 @functools.cache
@@ -107,26 +117,76 @@ class HostLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed for the host kernel"
 
 
-def pack_cpu_linears(model: nn.Module) -> int:
+def pack_cpu_linears(model: nn.Module, host_kernel: bool | None = None) -> int:
     """Packs the float32 CPU projections of ``model``'s decoder layers in place of their weights
-    (the model's memory stays the same; its ``state_dict`` no longer holds them): each ``GatedMLP``'s
-    gate/up for oneDNN and its down_proj, and each attention's ``qkv_proj`` / ``o_proj``, for the
-    host kernel where ``native.linear`` is preferred (else down_proj for oneDNN, q/k/v and o_proj
-    left to ``F.linear``). Returns how many linear layers were packed."""
+    (the model's memory stays the same; its ``state_dict`` no longer holds them): each
+    ``GatedMLP``'s gate/up for oneDNN; its down_proj, and each attention's ``qkv_proj`` / ``o_proj``,
+    for the host kernel where it is taken, else down_proj for oneDNN and q/k/v, o_proj left to
+    ``F.linear``. ``host_kernel``: True takes the kernel wherever it is built, False never; None
+    (the default, or ``OMNI_HOST_LINEAR``) where ``native.linear`` is preferred (few intra-op
+    threads) and, per layer shape, it ran faster on this CPU than the alternative at
+    ``CALIBRATION_ROWS`` rows (``_host_kernel_faster``). Returns how many linear layers were packed."""
     from omni_core.models.layers import GatedMLP
 
-    host = host_linear.preferred()
+    if host_kernel is None and os.environ.get(HOST_LINEAR_ENV) in ("0", "1"):
+        host_kernel = os.environ[HOST_LINEAR_ENV] == "1"
+    built = host_linear.available()
+    faster: dict[tuple, bool] = {}  # per (in, out, bias, alternative): measured once
+
+    def takes_kernel(lin: nn.Linear, alternative: type) -> bool:
+        if not built or host_kernel is False:
+            return False
+        if host_kernel:
+            return True
+        if not host_linear.preferred():
+            return False
+        key = (lin.in_features, lin.out_features, lin.bias is not None, alternative)
+        if key not in faster:
+            faster[key] = _host_kernel_faster(lin, alternative)
+        return faster[key]
+
     packed = 0
     for module in list(model.modules()):
         if isinstance(module, GatedMLP):
-            wanted = {"gate_up_proj": PackedCpuLinear, "down_proj": HostLinear if host else PackedCpuLinear}
-        elif host and isinstance(getattr(module, "qkv_proj", None), nn.Linear) and isinstance(getattr(module, "o_proj", None), nn.Linear):
-            wanted = {"qkv_proj": HostLinear, "o_proj": HostLinear}
+            wanted = {"gate_up_proj": (PackedCpuLinear, PackedCpuLinear), "down_proj": (HostLinear, PackedCpuLinear)}
+        elif isinstance(getattr(module, "qkv_proj", None), nn.Linear) and isinstance(getattr(module, "o_proj", None), nn.Linear):
+            wanted = {"qkv_proj": (HostLinear, None), "o_proj": (HostLinear, None)}  # None: F.linear
         else:
             continue
-        for name, kind in wanted.items():
+        for name, (kind, alternative) in wanted.items():
             lin = getattr(module, name)
-            if type(lin) not in (PackedCpuLinear, HostLinear) and packing_supported(lin.weight):
-                setattr(module, name, kind(lin))
+            if type(lin) in (PackedCpuLinear, HostLinear) or not packing_supported(lin.weight):
+                continue
+            choice = kind if kind is not HostLinear or takes_kernel(lin, alternative) else alternative
+            if choice is not None:
+                setattr(module, name, choice(lin))
                 packed += 1
     return packed
+
+
+@torch.inference_mode()
+def _host_kernel_faster(linear: nn.Linear, alternative: type | None) -> bool:
+    """Whether the host kernel runs ``linear``'s shape in at most ``HOST_KERNEL_MARGIN`` of the time of
+    ``alternative`` (a packed module type, or None for ``F.linear``), as the geometric mean over
+    ``CALIBRATION_ROWS`` (best of a few calls each, at this thread count): a few milliseconds a
+    shape, once per engine."""
+    ours = HostLinear(linear)
+    theirs = linear if alternative is None else alternative(linear)
+    g = torch.Generator().manual_seed(0)
+    ratios = []
+    for rows in CALIBRATION_ROWS:
+        x = torch.randn(rows, linear.in_features, generator=g)
+        ratios.append(_best_seconds(ours, x) / _best_seconds(theirs, x))
+    ratio = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    log.info("linear %dx%d: the host kernel took %.2f of %s's time", linear.in_features, linear.out_features, ratio, "F.linear" if alternative is None else alternative.__name__)
+    return ratio <= HOST_KERNEL_MARGIN
+
+
+def _best_seconds(module: nn.Module, x: torch.Tensor, trials: int = 7) -> float:
+    module(x)  # warm-up: first-call costs (oneDNN's primitive cache, page faults) are not the steady state
+    best = float("inf")
+    for _ in range(trials):
+        start = time.perf_counter()
+        module(x)
+        best = min(best, time.perf_counter() - start)
+    return best

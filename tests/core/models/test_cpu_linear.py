@@ -81,7 +81,7 @@ def test_host_kernel_matches_f_linear(rows, in_features, out_features, bias):
 @pytest.mark.skipif(native.load("linear") is None, reason="no C compiler on this machine")
 @pytest.mark.parametrize("rows", [1, 5, 600])  # 600: the MLP's row chunks run on the packed layers too
 def test_packed_layers_compute_what_the_weights_did_and_release_them(rows):
-    """With few intra-op threads: gate/up for oneDNN, down_proj, q/k/v and o_proj for the host kernel."""
+    """gate/up for oneDNN; down_proj, q/k/v and o_proj for the host kernel (taken here whatever it measures)."""
     from omni_core.models.cpu_linear import HostLinear, PackedCpuLinear, pack_cpu_linears
 
     model = _small_qwen()
@@ -91,8 +91,7 @@ def test_packed_layers_compute_what_the_weights_did_and_release_them(rows):
     layers = {"mlp": mlp, "qkv": attn.qkv_proj, "o": attn.o_proj}
     with torch.inference_mode():
         reference = {name: f(x) for name, f in layers.items()}
-    with _intra_op_threads(1):
-        assert pack_cpu_linears(model) == 8  # two layers: gate/up, down, q/k/v, o_proj each
+    assert pack_cpu_linears(model, host_kernel=True) == 8  # two layers: gate/up, down, q/k/v, o_proj each
     assert isinstance(mlp.gate_up_proj, PackedCpuLinear) and isinstance(mlp.down_proj, HostLinear)
     assert isinstance(attn.qkv_proj, HostLinear) and isinstance(attn.o_proj, HostLinear)
     assert not any(".mlp." in name or "_proj.weight" in name for name, _ in model.named_parameters())  # the unpacked weights are gone
@@ -104,15 +103,55 @@ def test_packed_layers_compute_what_the_weights_did_and_release_them(rows):
     assert pack_cpu_linears(model) == 0  # packed once
 
 
-def test_with_many_threads_only_the_mlps_are_packed_for_onednn():
-    from omni_core.models.cpu_linear import PackedCpuLinear, pack_cpu_linears
+def _packed_without_the_host_kernel(model) -> bool:
+    from omni_core.models.cpu_linear import PackedCpuLinear
+
+    return all(
+        isinstance(layer.mlp.gate_up_proj, PackedCpuLinear) and isinstance(layer.mlp.down_proj, PackedCpuLinear) and type(layer.self_attn.o_proj) is torch.nn.Linear
+        for layer in model.model.layers
+    )
+
+
+def test_with_many_threads_or_switched_off_only_the_mlps_are_packed_for_onednn(monkeypatch):
+    from omni_core.models.cpu_linear import HOST_LINEAR_ENV, pack_cpu_linears
 
     model = _small_qwen()
-    with _intra_op_threads(native.MAX_INTRA_OP_THREADS + 1):
+    with _intra_op_threads(native.MAX_INTRA_OP_THREADS + 1):  # torch's matmuls use them all, the kernel one
         assert pack_cpu_linears(model) == 4
-    layer = model.model.layers[0]
-    assert isinstance(layer.mlp.gate_up_proj, PackedCpuLinear) and isinstance(layer.mlp.down_proj, PackedCpuLinear)
-    assert type(layer.self_attn.o_proj) is torch.nn.Linear
+    assert _packed_without_the_host_kernel(model)
+    model = _small_qwen()
+    assert pack_cpu_linears(model, host_kernel=False) == 4
+    assert _packed_without_the_host_kernel(model)
+    model = _small_qwen()
+    monkeypatch.setenv(HOST_LINEAR_ENV, "0")
+    assert pack_cpu_linears(model) == 4
+    assert _packed_without_the_host_kernel(model)
+
+
+@pytest.mark.skipif(native.load("linear") is None, reason="no C compiler on this machine")
+def test_by_default_each_shape_is_timed_once_and_either_choice_computes_the_same():
+    """Which side wins depends on the CPU; one measurement per layer shape decides for every layer
+    of that shape, and the packed model computes what the unpacked one did."""
+    from omni_core.models import cpu_linear
+
+    model = _small_qwen()
+    x = torch.randn(6, 32)
+    with torch.inference_mode():
+        reference = [layer.mlp(x) for layer in model.model.layers]
+    timed = []
+    original = cpu_linear._host_kernel_faster
+    with _intra_op_threads(1):
+        cpu_linear._host_kernel_faster = lambda lin, alternative: timed.append((lin.in_features, lin.out_features)) or original(lin, alternative)
+        try:
+            cpu_linear.pack_cpu_linears(model)
+        finally:
+            cpu_linear._host_kernel_faster = original
+    assert sorted(timed) == [(32, 32), (32, 64), (48, 32)]  # o_proj, q/k/v, down_proj: once each for both layers
+    kinds = {type(layer.mlp.down_proj) for layer in model.model.layers}
+    assert len(kinds) == 1
+    with torch.inference_mode():
+        for layer, expected in zip(model.model.layers, reference, strict=True):
+            torch.testing.assert_close(layer.mlp(x), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_bfloat16_layers_stay_as_they_are():

@@ -8,11 +8,11 @@ Where no compiler works, or with ``OMNI_NATIVE=0``, ``load`` returns ``None`` an
 their torch path. The flags allow the reassociation that vectorized sums need but not
 ``-ffast-math``, whose start-up code would flush denormals for the whole process.
 
-The kernels run on the calling thread. Decode attention is taken with at most
-``MAX_INTRA_OP_THREADS`` intra-op threads (``preferred``): with more, SDPA's parallel loops win
-(docs/benchmarks.md: equal at 4 threads, 1.1-1.2x faster at 8-16 on a 16-core host). The
-element-wise kernels are also taken, at any thread count, for tensors too small for torch to
-split across threads (``host_ops.PARALLEL_GRAIN``).
+The kernels run on the calling thread. Attention (decode and prefill) and the linear kernel are
+taken with at most ``MAX_INTRA_OP_THREADS`` intra-op threads (``preferred``): with more, torch's
+parallel loops win (docs/benchmarks.md: decode attention equal at 4 threads, grouped SDPA 1.1-1.2x
+faster at 8-16 on a 16-core host). The element-wise kernels are also taken, at any thread count,
+for tensors too small for torch to split across threads (``host_ops.PARALLEL_GRAIN``).
 """
 
 from __future__ import annotations

@@ -24,9 +24,13 @@ def _library():
     return lib
 
 
+def available() -> bool:
+    return _library() is not None
+
+
 def preferred() -> bool:
     """Built, and few enough intra-op threads (``native.preferred``): the kernel runs on one thread,
-    where torch's matmuls would use them all."""
+    where torch's matmuls would use them all (``cpu_linear.pack_cpu_linears`` then also times it)."""
     return native.preferred("linear")
 
 
