@@ -171,6 +171,18 @@ def time_prefill_by_mlp_rows(engine: AREngine, n: int, chunks: list[int], args, 
         print(f"| {c or 'whole steps'} | {statistics.median(seconds[c]):.3f} | {int(statistics.median(faults[c]))} |")
 
 
+def scattered_paged_cache(lens: list[int], kv_heads: int, head_dim: int, block_size: int, seed: int):
+    """(block tables, k_cache, v_cache) of random K/V, each sequence's blocks placed at random."""
+    widths = [-(-c // block_size) for c in lens]
+    ids = torch.randperm(sum(widths), generator=torch.Generator().manual_seed(seed)).tolist()
+    tables, at = [], 0
+    for w in widths:
+        tables.append(ids[at : at + w] + [0] * (max(widths) - w))
+        at += w
+    k_cache = torch.randn(sum(widths) * block_size, kv_heads, head_dim)
+    return torch.tensor(tables), k_cache, torch.randn_like(k_cache)
+
+
 @torch.inference_mode()
 def time_decode_attention(args, sizes, block_size: int = 16, trials: int = 50) -> None:
     from omni_core.models import SdpaBackend
@@ -187,15 +199,7 @@ def time_decode_attention(args, sizes, block_size: int = 16, trials: int = 50) -
     for n in sizes:
         rng = random.Random(n)
         lens = [rng.randint(16, 768) for _ in range(n)]
-        widths = [-(-c // block_size) for c in lens]
-        ids = torch.randperm(sum(widths), generator=torch.Generator().manual_seed(n)).tolist()
-        tables, at = [], 0
-        for w in widths:
-            tables.append(ids[at : at + w] + [0] * (max(widths) - w))
-            at += w
-        tables_t = torch.tensor(tables)
-        k_cache = torch.randn(sum(widths) * block_size, args.kv_heads, head_dim)
-        v_cache = torch.randn_like(k_cache)
+        tables_t, k_cache, v_cache = scattered_paged_cache(lens, args.kv_heads, head_dim, block_size, seed=n)
         ctx = torch.tensor(lens)
         slots = tables_t[torch.arange(n), (ctx - 1) // block_size] * block_size + (ctx - 1) % block_size
         q, k, v = torch.randn(n, args.heads, head_dim), torch.randn(n, args.kv_heads, head_dim), torch.randn(n, args.kv_heads, head_dim)

@@ -5,10 +5,10 @@ On the development CPU (AVX-512, one thread, float32) oneDNN's matmul on a weigh
 into its blocked layout ran the logits head (8192 x 256) 1.5x faster than ``F.linear`` at one row
 and 1.9-2.6x at 8-32 rows, and the MLP's gate/up and down projections 1.3-1.8x at 8-32 rows
 (1.1-1.25x at 512); q/k/v and o_proj gained nothing or lost. The host kernel (one thread) ran
-q/k/v, o_proj and down_proj 1.3-2.5x faster than either at 1-32 rows and as fast or faster at
-64-512 there, gate/up (2048 columns) and the head (8192) 0.9x oneDNN from 32-64 rows on; but on an
-Intel Xeon host an engine ran 9-40% slower with it at 2-8 threads and no faster at one
-(docs/benchmarks.md, AR engine, CPU). So the logits heads (``PackedWeight``, beside the weight: a
+q/k/v, o_proj and down_proj 1.02-1.43x faster than the better of the two at 1-64 rows there and
+about as fast at 512, gate/up (2048 columns) and the head (8192) 0.9x oneDNN at some row counts;
+an engine at 32 requests 3.7-5.7% faster with it. On an Intel Xeon host the engine ran 9-40% slower
+with it at 2-8 threads and within noise at one (docs/benchmarks.md, AR engine, CPU). So the logits heads (``PackedWeight``, beside the weight: a
 tied head's weight is also the embedding) and gate/up take oneDNN, and ``pack_cpu_linears`` gives
 q/k/v, o_proj and down_proj the host kernel where it measures faster on this CPU.
 """

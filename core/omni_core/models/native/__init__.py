@@ -89,6 +89,17 @@ def load(name: str) -> ctypes.CDLL | None:
         return None
 
 
+def function(name: str, symbol: str, argtypes: list, restype=None):
+    """``symbol`` of the library built from ``<name>.c`` with its ctypes signature, or None where the
+    library cannot be built."""
+    lib = load(name)
+    if lib is None:
+        return None
+    fn = getattr(lib, symbol)
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
+
+
 def _cpu_identity() -> bytes:
     """What ``-march=native`` compiles for: the machine and, on Linux, the CPU's feature flags."""
     identity = platform.machine()

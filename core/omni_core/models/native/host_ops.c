@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "exp_approx.h"
+#include "vec16.h"
 
 void add_rms_norm_f32(const float *x, const float *residual, const float *weight, float eps, int64_t rows, int64_t hidden,
                       float *out, float *residual_out) {
@@ -84,9 +85,6 @@ void rotary_store_f32(const float *q, int64_t q_stride, const float *k, int64_t 
 /* Each row's index of its first largest value (rows [rows, cols], contiguous): lane-wise running
  * maxima with the index where each lane first reached it, then the lanes compared; one pass in
  * whole vectors (torch's CPU argmax is a scalar loop). NaN is never taken as the largest. */
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
 void argmax_rows_f32(const float *values, int64_t rows, int64_t cols, int64_t *out) {
     const v16i lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     for (int64_t r = 0; r < rows; r++) {
@@ -94,12 +92,10 @@ void argmax_rows_f32(const float *values, int64_t rows, int64_t cols, int64_t *o
         float best = -INFINITY;
         int64_t at = 0, c = 0;
         if (cols >= 16 && cols < (int64_t)1 << 31) {
-            v16 top;
-            memcpy(&top, row, sizeof top);
+            v16 top = load16(row);
             v16i where = lanes;
             for (c = 16; c + 16 <= cols; c += 16) {
-                v16 next;
-                memcpy(&next, row + c, sizeof next);
+                const v16 next = load16(row + c);
                 const v16i larger = next > top; /* strictly: a lane keeps its first maximum */
                 top = (v16)((larger & (v16i)next) | (~larger & (v16i)top));
                 where = (larger & ((int32_t)c + lanes)) | (~larger & where);

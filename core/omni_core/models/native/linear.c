@@ -4,25 +4,18 @@
  *
  * A panel is multiplied with blocks of 6 input rows (12 accumulators: independent enough to keep
  * the multiply-add units busy), then 2, then 1. The panel stays in cache while all rows pass.
- * At decode-sized row counts this ran 1.3-2.5x torch's MKL and oneDNN calls on an AVX-512 core
- * (docs/benchmarks.md, AR engine, CPU).
+ * On the development core (AVX-512) it ran the q/k/v, o_proj and down_proj shapes at 1-64 rows
+ * 1.02-1.43x faster than the better of MKL (F.linear) and oneDNN, 93-109 GFLOP/s from 32 rows
+ * (docs/benchmarks.md, AR engine, CPU); whether an engine takes it is measured per CPU
+ * (cpu_linear.pack_cpu_linears).
  */
 #include <stdint.h>
 #include <string.h>
 
+#include "vec16.h"
+
 #define INLINE static inline __attribute__((always_inline))
 #define PANEL 32
-
-/* Sixteen floats as a generic vector (GCC and Clang lower it to the target's registers). */
-typedef float v16 __attribute__((vector_size(64)));
-
-INLINE v16 load16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-INLINE void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
 /* weight [out_features, in_features] -> packed [ceil(out / 32)][in][32]. */
 void pack_linear_weight_f32(const float *weight, int64_t out_features, int64_t in_features, float *packed) {

@@ -12,14 +12,8 @@ from omni_core.models import native
 
 @functools.cache
 def _kernel():
-    lib = native.load("paged_decode")
-    if lib is None:
-        return None
-    fn = lib.paged_decode_attention_f32
     pointer, integer = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [pointer] * 5 + [integer] * 6 + [ctypes.c_float, pointer, pointer]
-    fn.restype = None
-    return fn
+    return native.function("paged_decode", "paged_decode_attention_f32", [pointer] * 5 + [integer] * 6 + [ctypes.c_float, pointer, pointer])
 
 
 def available() -> bool:

@@ -21,29 +21,12 @@
 #include <string.h>
 
 #include "exp_approx.h"
+#include "vec16.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define TILE_ROWS 64
 #define MAX_DIM 256
 #define SCORE_ROWS 8 /* rows whose scores one pass computes together: 8 independent accumulators */
-
-/* Sixteen floats as a generic vector (GCC and Clang lower it to the target's registers). */
-typedef float v16 __attribute__((vector_size(64)));
-
-INLINE v16 load16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-INLINE void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
-
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-INLINE v16 max16(v16 a, v16 b) {
-    const v16i a_larger = a > b;
-    return (v16)((a_larger & (v16i)a) | (~a_larger & (v16i)b));
-}
 
 /* The largest of s[0, n), n >= 1: whole vectors, then a four-round tree (a chain of scalar
  * compares would wait on each one). */

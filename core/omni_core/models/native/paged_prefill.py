@@ -15,14 +15,9 @@ SCRATCH_FLOATS = 1 << 16  # a tile's scores (256 KiB): tiles shrink to fit long 
 
 @functools.cache
 def _kernel():
-    lib = native.load("paged_prefill")
-    if lib is None:
-        return None
-    fn = lib.paged_prefill_attention_f32
     pointer, integer = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [pointer] * 6 + [integer] * 6 + [ctypes.c_float, pointer, integer, pointer]
-    fn.restype = ctypes.c_int
-    return fn
+    argtypes = [pointer] * 6 + [integer] * 6 + [ctypes.c_float, pointer, integer, pointer]
+    return native.function("paged_prefill", "paged_prefill_attention_f32", argtypes, ctypes.c_int)
 
 
 def preferred() -> bool:
