@@ -184,6 +184,33 @@ def replay_trace(engine: AREngine, context: int, replays: int, path: str, batch:
         print(f"| {e['name'][:40]} | {e['ts'] - t0:.1f} | {end:.1f} | {end - (prev['ts'] + prev['dur'] - t0):.1f} |")
 
 
+def step_gaps(engine: AREngine, context: int, steps: int, path: str) -> None:
+    """Chrome trace of ``steps`` overlapped engine steps at batch 1 (CUDA activity only) and what the
+    GPU runs between two graph replays: each copy or kernel outside the graph's run of kernels, its
+    duration, and the idle gap before it (the profiler's launch overhead widens the gaps)."""
+    import json
+
+    start_decoding(engine, {"gaps": list(range(1, context + 1))}, steps)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    engine.abort("gaps")
+    prof.export_chrome_trace(path)
+    events = sorted((e for e in json.load(open(path))["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    print(f"\noverlapped steps at batch 1 ({path}): the GPU between replays (us; a replay's kernels left out)")
+    print("| event | duration | gap before it |")
+    print("| --- | --- | --- |")
+    end, shown = None, 0
+    for i, e in enumerate(events):
+        gap = e["ts"] - end if end is not None else 0.0
+        end = max(end or 0.0, e["ts"] + e["dur"])
+        outside = e["cat"] != "kernel" or "argmax" in e["name"] or "index" in e["name"].lower()
+        if outside and i > len(events) // 2 and shown < 8:  # a few from the middle
+            print(f"| {e['name'][:60]} | {e['dur']:.2f} | {gap:.2f} |")
+            shown += 1
+
+
 def time_cuda_ms(fn, iters: int = 100) -> float:
     for _ in range(3):
         fn()
@@ -274,6 +301,7 @@ def main() -> None:
     parser.add_argument("--host-profile", type=int, metavar="N", help="also profile N engine steps at batch 1 (graphs, last backend) and print where the host time goes")
     parser.add_argument("--replay-trace", metavar="DIR", help="also write a kernel trace of the decode graph of each Triton backend to DIR and summarize it")
     parser.add_argument("--trace-batches", type=int, nargs="+", default=[1], help="the batch sizes --replay-trace traces")
+    parser.add_argument("--step-gaps", metavar="DIR", help="also trace overlapped engine steps at batch 1 (last backend) into DIR and show what runs between replays")
     parser.add_argument("--ab", metavar="VAR=A|B", help="only time overlapped graph steps of engines built under each value of VAR ('|' between values), alternating (last --attention backend)")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")
@@ -333,6 +361,8 @@ def main() -> None:
                         replay_trace(engines[backend, "graphs"], args.context, 20, f"{args.replay_trace}/{backend}-b{b}.json", b)
         if args.host_profile:
             host_profile(engines[args.attention[-1], "graphs"], args.context, args.host_profile, args.vocab)
+        if args.step_gaps:
+            step_gaps(engines[args.attention[-1], "graphs"], args.context, 20, f"{args.step_gaps}/steps-b1.json")
         print()
         names = " | ".join(f"{backend} (graphs) tok/s" for backend in args.attention)
         print(f"| batch | prompt | new tokens | {names} | transformers generate tok/s | {args.attention[-1]} / transformers |")
