@@ -7,10 +7,11 @@ and 1.9-2.6x at 8-32 rows, and the MLP's gate/up and down projections 1.3-1.8x a
 (1.1-1.25x at 512); q/k/v and o_proj gained nothing or lost. The host kernel (one thread) ran
 q/k/v, o_proj and down_proj 1.02-1.43x faster than the better of the two at 1-64 rows there and
 about as fast at 512, gate/up (2048 columns) and the head (8192) 0.9x oneDNN at some row counts;
-an engine at 32 requests 3.7-5.7% faster with it. On an Intel Xeon host the engine ran 9-40% slower
-with it at 2-8 threads and within noise at one (docs/benchmarks.md, AR engine, CPU). So the logits heads (``PackedWeight``, beside the weight: a
-tied head's weight is also the embedding) and gate/up take oneDNN, and ``pack_cpu_linears`` gives
-q/k/v, o_proj and down_proj the host kernel where it measures faster on this CPU.
+an engine at 32 requests 3.7-5.7% faster with it. On an Intel Xeon host the engine ran 9-40%
+slower with it at 2-8 threads and within noise at one (docs/benchmarks.md, AR engine, CPU). So
+the logits heads (``PackedWeight``, beside the weight: a tied head's weight is also the
+embedding) and gate/up take oneDNN, and ``pack_cpu_linears`` gives q/k/v, o_proj and down_proj
+the host kernel where it measures faster on this CPU.
 """
 
 from __future__ import annotations
@@ -147,19 +148,20 @@ def pack_cpu_linears(model: nn.Module, host_kernel: bool | None = None) -> int:
 
     packed = 0
     for module in list(model.modules()):
+        # layer name -> what it runs without the host kernel (None: F.linear, it stays as it is)
         if isinstance(module, GatedMLP):
-            wanted = {"gate_up_proj": (PackedCpuLinear, PackedCpuLinear), "down_proj": (HostLinear, PackedCpuLinear)}
+            onednn, candidates = ["gate_up_proj"], {"down_proj": PackedCpuLinear}
         elif isinstance(getattr(module, "qkv_proj", None), nn.Linear) and isinstance(getattr(module, "o_proj", None), nn.Linear):
-            wanted = {"qkv_proj": (HostLinear, None), "o_proj": (HostLinear, None)}  # None: F.linear
+            onednn, candidates = [], {"qkv_proj": None, "o_proj": None}
         else:
             continue
-        for name, (kind, alternative) in wanted.items():
+        for name in onednn + list(candidates):
             lin = getattr(module, name)
             if type(lin) in (PackedCpuLinear, HostLinear) or not packing_supported(lin.weight):
                 continue
-            choice = kind if kind is not HostLinear or takes_kernel(lin, alternative) else alternative
-            if choice is not None:
-                setattr(module, name, choice(lin))
+            kind = PackedCpuLinear if name in onednn else HostLinear if takes_kernel(lin, candidates[name]) else candidates[name]
+            if kind is not None:
+                setattr(module, name, kind(lin))
                 packed += 1
     return packed
 
