@@ -76,6 +76,8 @@ def test_host_kernel_matches_f_linear(rows, in_features, out_features, bias):
     b = torch.randn(out_features, generator=g) if bias else None
     got = host_linear.linear(x, host_linear.pack(weight), b, out_features)
     torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=1e-4)
+    with pytest.raises(TypeError, match="float32"):
+        host_linear.linear(x.bfloat16(), host_linear.pack(weight), b, out_features)
 
 
 @pytest.mark.skipif(native.load("linear") is None, reason="no C compiler on this machine")

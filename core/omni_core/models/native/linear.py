@@ -45,6 +45,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """``x [rows, in] @ W^T (+ bias)`` for ``packed = pack(W)``; x float32 on the host."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise TypeError(f"the host linear kernel takes float32 CPU inputs, not {x.dtype} on {x.device}")
     x = x.contiguous()
     out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
     _library().linear_f32(x.data_ptr(), x.shape[0], x.shape[1], packed.data_ptr(), None if bias is None else bias.data_ptr(), out_features, out.data_ptr())
