@@ -9,12 +9,11 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 from omni_core.models import SdpaBackend, native
 from omni_core.models.attention import AttentionMetadata
 from omni_core.models.native import paged_decode
 
-from tests.helpers.paged import scattered_cache
+from tests.helpers.paged import reference_attention, scattered_cache
 
 pytestmark = pytest.mark.skipif(not paged_decode.available(), reason="no C compiler on this machine")
 
@@ -27,13 +26,7 @@ def _paged_step(context_lens, heads, kv_heads, dim, block_size, seed=0):
 
 
 def _reference(q, k_cache, v_cache, tables, context_lens, block_size):
-    outs = []
-    for b, n in enumerate(context_lens):
-        pos = torch.arange(n)
-        slots = tables[b, pos // block_size] * block_size + pos % block_size
-        keys, values = k_cache[slots].transpose(0, 1)[None], v_cache[slots].transpose(0, 1)[None]
-        outs.append(F.scaled_dot_product_attention(q[b].unsqueeze(1)[None], keys, values, enable_gqa=True)[0, :, 0])
-    return torch.stack(outs)
+    return reference_attention(q, k_cache, v_cache, tables, context_lens, [1] * len(context_lens), block_size)
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from omni_core.models import SdpaBackend, native
 from omni_core.models.attention import AttentionMetadata
 from omni_core.models.native import paged_prefill
 
-from tests.helpers.paged import scattered_cache
+from tests.helpers.paged import reference_attention, scattered_cache
 
 pytestmark = pytest.mark.skipif(native.load("paged_prefill") is None, reason="no C compiler on this machine")
 
@@ -20,19 +19,6 @@ def _paged_prefill(context_lens, query_lens, heads, kv_heads, dim, block_size, s
     g = torch.Generator().manual_seed(seed)
     tables, k_cache, v_cache = scattered_cache(context_lens, kv_heads, dim, block_size, g)
     return torch.randn(sum(query_lens), heads, dim, generator=g), k_cache, v_cache, tables
-
-
-def _reference(q, k_cache, v_cache, tables, context_lens, query_lens, block_size, scale):
-    outs, start = [], 0
-    for b, (ctx, n) in enumerate(zip(context_lens, query_lens, strict=True)):
-        pos = torch.arange(ctx)
-        slots = tables[b, pos // block_size] * block_size + pos % block_size
-        keys, values = k_cache[slots].transpose(0, 1)[None], v_cache[slots].transpose(0, 1)[None]
-        visible = pos[None, :] <= torch.arange(ctx - n, ctx)[:, None]
-        out = F.scaled_dot_product_attention(q[start : start + n].transpose(0, 1)[None], keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
-        outs.append(out[0].transpose(0, 1))
-        start += n
-    return torch.cat(outs)
 
 
 def _run(q, k_cache, v_cache, tables, context_lens, query_lens, block_size, scale):
@@ -55,7 +41,7 @@ def _run(q, k_cache, v_cache, tables, context_lens, query_lens, block_size, scal
 def test_kernel_equals_sdpa_over_the_paged_cache(context_lens, query_lens, heads, kv_heads, dim, block_size):
     q, k_cache, v_cache, tables = _paged_prefill(context_lens, query_lens, heads, kv_heads, dim, block_size)
     got = _run(q, k_cache, v_cache, tables, context_lens, query_lens, block_size, dim**-0.5)
-    torch.testing.assert_close(got, _reference(q, k_cache, v_cache, tables, context_lens, query_lens, block_size, dim**-0.5), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, reference_attention(q, k_cache, v_cache, tables, context_lens, query_lens, block_size, dim**-0.5), rtol=1e-5, atol=1e-5)
 
 
 def test_long_context_shrinks_tiles_to_the_scratch():
@@ -63,7 +49,7 @@ def test_long_context_shrinks_tiles_to_the_scratch():
     context_lens, query_lens = [paged_prefill.SCRATCH_FLOATS // 4 + 50], [40]
     q, k_cache, v_cache, tables = _paged_prefill(context_lens, query_lens, 8, 2, 32, 16)
     got = _run(q, k_cache, v_cache, tables, context_lens, query_lens, 16, 32**-0.5)
-    torch.testing.assert_close(got, _reference(q, k_cache, v_cache, tables, context_lens, query_lens, 16, 32**-0.5), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, reference_attention(q, k_cache, v_cache, tables, context_lens, query_lens, 16, 32**-0.5), rtol=1e-5, atol=1e-5)
 
 
 def test_large_scores_do_not_overflow():
@@ -72,7 +58,7 @@ def test_large_scores_do_not_overflow():
     q = q * 40
     got = _run(q, k_cache, v_cache, tables, context_lens, query_lens, 16, 1.0)
     assert torch.isfinite(got).all()
-    torch.testing.assert_close(got, _reference(q, k_cache, v_cache, tables, context_lens, query_lens, 16, 1.0), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, reference_attention(q, k_cache, v_cache, tables, context_lens, query_lens, 16, 1.0), rtol=1e-4, atol=1e-4)
 
 
 def test_shapes_it_does_not_take_raise():
@@ -116,7 +102,7 @@ def _prefill_once(context_lens, query_lens, dim, dtype, path):
     out = backend.forward(q.to(dtype), k.to(dtype), v.to(dtype), kc, vc, meta, dim**-0.5)
     assert ("seq_slots" in meta.cache) == (path == "sdpa")
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    expected = _reference(q.to(dtype).float(), kc.float(), vc.float(), tables, context_lens, query_lens, 4, dim**-0.5)
+    expected = reference_attention(q.to(dtype).float(), kc.float(), vc.float(), tables, context_lens, query_lens, 4, dim**-0.5)
     torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol)
 
 
