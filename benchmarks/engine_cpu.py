@@ -88,8 +88,9 @@ def run_transformers(model, prompts, outputs) -> tuple[float, float]:
 
 # (part of a step, substrings of profiled function names), first match wins
 PARTS = [
-    ("model matmuls (linear, logits)", ("_nn.linear", "_linear_pointwise")),  # the latter: the packed CPU head
-    ("attention", ("attention.py", "grouped_decode.py", "paged_backend.py", "native/paged_decode", "scaled_dot_product", "index_select", "index_copy")),
+    # oneDNN's packed matmul (MLP gate/up, logits head), the host linear kernel (q/k/v, o_proj, down_proj)
+    ("model matmuls (linear, logits)", ("_nn.linear", "_linear_pointwise", "native/linear.py")),
+    ("attention", ("attention.py", "grouped_decode.py", "paged_backend.py", "native/paged_", "scaled_dot_product", "index_select", "index_copy")),
     ("other model ops (norms, rotary, activation, embedding)", ("omni_core/models/", "torch/nn/", "rms_norm", "silu", "embedding", "method 'chunk'", "built-in method torch.cat")),
     ("batch preparation (model_runner)", ("model_runner.py",)),
     ("sampling", ("sampler.py", "argmax")),

@@ -13,19 +13,16 @@ PANEL = 32  # output columns a packed panel holds (linear.c)
 
 
 @functools.cache
-def _library():
-    lib = native.load("linear")
-    if lib is None:
-        return None
+def _functions():
+    """(pack, multiply) from ``linear.c``, or None where it cannot be built."""
     pointer, integer = ctypes.c_void_p, ctypes.c_int64
-    lib.pack_linear_weight_f32.argtypes = [pointer, integer, integer, pointer]
-    lib.linear_f32.argtypes = [pointer, integer, integer, pointer, pointer, integer, pointer]
-    lib.pack_linear_weight_f32.restype = lib.linear_f32.restype = None
-    return lib
+    pack_fn = native.function("linear", "pack_linear_weight_f32", [pointer, integer, integer, pointer])
+    multiply = native.function("linear", "linear_f32", [pointer, integer, integer, pointer, pointer, integer, pointer])
+    return None if pack_fn is None else (pack_fn, multiply)
 
 
 def available() -> bool:
-    return _library() is not None
+    return _functions() is not None
 
 
 def preferred() -> bool:
@@ -39,7 +36,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     out_features, in_features = weight.shape
     weight = weight.detach().contiguous()
     packed = torch.empty(-(-out_features // PANEL), in_features, PANEL, dtype=torch.float32)
-    _library().pack_linear_weight_f32(weight.data_ptr(), out_features, in_features, packed.data_ptr())
+    _functions()[0](weight.data_ptr(), out_features, in_features, packed.data_ptr())
     return packed
 
 
@@ -49,5 +46,5 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out
         raise TypeError(f"the host linear kernel takes float32 CPU inputs, not {x.dtype} on {x.device}")
     x = x.contiguous()
     out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-    _library().linear_f32(x.data_ptr(), x.shape[0], x.shape[1], packed.data_ptr(), None if bias is None else bias.data_ptr(), out_features, out.data_ptr())
+    _functions()[1](x.data_ptr(), x.shape[0], x.shape[1], packed.data_ptr(), None if bias is None else bias.data_ptr(), out_features, out.data_ptr())
     return out

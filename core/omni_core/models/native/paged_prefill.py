@@ -40,8 +40,8 @@ def paged_prefill_attention(
 ) -> torch.Tensor:
     """q [T, heads, d] (the sequences' new tokens one after the other, their K/V already in the
     cache), caches [slots, kv_heads, d], block_tables [B, width], context_lens (``longest`` their
-    maximum) and query_lens [B] -> [T, heads, d], each token attending causally to its sequence's positions up to its own.
-    Needs ``preferred()`` (or the library built) and ``supports(q, k_cache, v_cache)``."""
+    maximum) and query_lens [B] -> [T, heads, d], each token attending causally to its sequence's
+    positions up to its own. Needs the library built and ``supports(q, k_cache, v_cache)``."""
     tokens, heads, dim = q.shape
     q = q.contiguous()
     block_tables = block_tables.to(torch.int64).contiguous()
