@@ -14,6 +14,8 @@ batch's context) / measured device-to-device copy bandwidth (bytes read + writte
 ``--ab 'VAR=A|B'`` instead times, side by side in one process, overlapped graph steps of engines
 built with the environment variable VAR set to each value (e.g. ``'OMNI_PDL=0|1'``; the
 kernels' launch settings are re-read for each engine), alternating between them.
+``--decode-step-phases N`` prints where the one-kernel batch-1 decode (``kernels.decode_step``)
+spends a step: the mean time of each phase of a layer over N eager steps, read off the GPU timer.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import transformers
 from omni_core.models.attention import AttentionMetadata, SdpaBackend
 from omni_core.models.kernels import fused_linear, launch
+from omni_core.models.kernels.decode_step import DECODE_STEP_ENV, DecodeStepKernel
 from omni_core.models.kernels.paged_attention import paged_decode_attention
 from omni_core.scheduler import AREngine, EngineRequest, SamplingParams
 
@@ -85,6 +88,55 @@ def decode_step_ms(engine: AREngine, batch: int, context: int, steps: int, vocab
     for rid in list(engine.requests):
         engine.abort(rid)
     return step_ms, replay_ms
+
+
+PHASES = ("q/k/v + rotary + cache", "attention", "combine + o_proj", "norm + gate/up", "down_proj")
+
+
+MARKS = (  # (phase, mark) points inside phases that decode_step.cu records with PROFILE
+    (1, 0, "attention: q in shared memory"), (1, 1, "attention: K/V requested"), (1, 2, "attention: scores and softmax of the first span"),
+    (1, 3, "attention: spans done"), (3, 4, "gate/up: norm done"), (3, 5, "gate/up: weight slice in shared memory"),
+    (4, 6, "down_proj: activation requested"), (4, 7, "down_proj: weight slice in shared memory"),
+)
+
+
+def decode_step_phases(path: str, context: int, steps: int, vocab: int) -> None:
+    """Mean us of each phase of a layer of the one-kernel batch-1 decode, and of points inside
+    phases from their start (layers 1 on: layer 0's first phase has no start mark), over
+    ``steps`` eager engine steps."""
+    os.environ[DECODE_STEP_ENV] = "1"
+    engine = build_engine(path, (1,), "triton", cuda_graphs=False, kv_cache_bytes=2 << 30)
+    gen = torch.Generator().manual_seed(0)
+    start_decoding(engine, {"p": torch.randint(0, vocab, (context,), generator=gen).tolist()}, steps)
+    model = engine.model
+    step = model._decode_step[1]
+    if step is None:
+        print("the one-kernel decode does not apply here")
+        return
+    profiled = DecodeStepKernel(model, engine.runner.kv_caches, step.shape, step.kernel.device, step.blocks, profile=True)
+    model._decode_step = (model._decode_step[0], profiled)
+    layers = step.shape.layers
+    totals = torch.zeros(layers * 13, dtype=torch.float64)
+    for _ in range(steps):
+        engine.step()
+        torch.cuda.synchronize()
+        totals += profiled.phase_ends.double().cpu()
+    mean = totals / steps
+    ends = mean[: layers * 5].view(layers, 5)
+    marks = mean[layers * 5 :].view(layers, 8)
+    starts = torch.cat([ends[:, 4:5].roll(1, 0), ends[:, :4]], dim=1)  # phase p of layer l starts when the one before ends
+    phase_us = ((ends - starts)[1:] / 1e3).mean(0)
+    print("| phase | mean us a layer |")
+    print("| --- | --- |")
+    for name, us in zip(PHASES, phase_us.tolist(), strict=True):
+        print(f"| {name} | {us:.2f} |")
+    print(f"| layer | {phase_us.sum().item():.2f} |")
+    print("| point | us after its phase started |")
+    print("| --- | --- |")
+    for phase, mark, name in MARKS:
+        print(f"| {name} | {((marks[1:, mark] - starts[1:, phase]) / 1e3).mean().item():.2f} |")
+    for rid in list(engine.requests):
+        engine.abort(rid)
 
 
 def tokens_per_second(engine: AREngine, hf: transformers.PreTrainedModel | None, batch: int, context: int, new_tokens: int, vocab: int) -> tuple[float, float]:
@@ -302,6 +354,7 @@ def main() -> None:
     parser.add_argument("--replay-trace", metavar="DIR", help="also write a kernel trace of the decode graph of each Triton backend to DIR and summarize it")
     parser.add_argument("--trace-batches", type=int, nargs="+", default=[1], help="the batch sizes --replay-trace traces")
     parser.add_argument("--step-gaps", metavar="DIR", help="also trace overlapped engine steps at batch 1 (last backend) into DIR and show what runs between replays")
+    parser.add_argument("--decode-step-phases", type=int, metavar="N", help="only print the phases of the one-kernel batch-1 decode over N eager steps")
     parser.add_argument("--ab", metavar="VAR=A|B", help="only time overlapped graph steps of engines built under each value of VAR ('|' between values), alternating (last --attention backend)")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")
@@ -316,6 +369,10 @@ def main() -> None:
     sizes = tuple(sorted(set(args.batches + args.throughput_batches)))
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_checkpoint(tmp, args.vocab)
+        if args.decode_step_phases:
+            del hf
+            decode_step_phases(tmp, args.context, args.decode_step_phases, args.vocab)
+            return
         if args.ab:
             del hf
             ab_table(tmp, args.ab, args.batches, args.attention[-1], args.context, args.steps, args.vocab)

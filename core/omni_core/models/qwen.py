@@ -175,6 +175,7 @@ class QwenForCausalLM(nn.Module):
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._packed_head = PackedWeight()  # the logits head on CPU (cpu_linear), made on first use
+        self._decode_step = (None, None)  # (caches it was built for, kernels.decode_step kernel or None)
         attn = self.model.layers[0].self_attn
         self.kv_cache_spec = KVCacheSpec(config.num_hidden_layers, attn.num_kv_heads, attn.head_dim)
         # MoE routing sizes its expert matmuls from the data: no static graph for it
@@ -188,7 +189,19 @@ class QwenForCausalLM(nn.Module):
         return self.model.embed_tokens(token_ids)
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        if embeds.shape[0] == 1 and ctx.fused_decode_rows and not ctx.capture_layers:
+            step = self._decode_step_kernel(ctx)
+            if step is not None:  # one sequence's decode forward in one kernel (kernels.decode_step)
+                return step(embeds, positions, ctx.meta)
         return self.model(embeds, positions, ctx)
+
+    def _decode_step_kernel(self, ctx: ForwardContext):
+        """The one-kernel batch-1 decode forward over these caches, built on first use; None
+        where it does not apply (the per-layer kernels run)."""
+        key = (ctx.kv_caches[0][0].data_ptr(), ctx.meta.block_size, kernels.decode_step_enabled())
+        if self._decode_step[0] != key:
+            self._decode_step = (key, kernels.decode_step_kernel(self, ctx.kv_caches, ctx.meta.block_size, ctx.kv_caches[0][0].device))
+        return self._decode_step[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

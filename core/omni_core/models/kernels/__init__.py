@@ -11,6 +11,7 @@ Importing this package does not import triton; the kernel modules do, on first u
 from __future__ import annotations
 
 import functools
+import os
 
 
 @functools.cache
@@ -93,12 +94,29 @@ def qkv_rotary_store(x, qkv_weight, bias, cos, sin, slot_mapping, k_cache, v_cac
                 positions=positions)
 
 
+def decode_step_kernel(model, kv_caches, block_size, device):
+    """The one-kernel batch-1 decode forward of ``model`` over ``kv_caches``, or None where it does
+    not apply; see ``kernels.decode_step``."""
+    from omni_core.models.kernels.decode_step import DecodeStepKernel
+
+    return DecodeStepKernel.build(model, kv_caches, block_size, device)
+
+
+DECODE_STEP_ENV = "OMNI_DECODE_STEP_KERNEL"
+
+
+def decode_step_enabled() -> bool:
+    """Whether ``OMNI_DECODE_STEP_KERNEL=1`` turns the one-kernel decode on (read on every build).
+    Off by default: on the H200 it is still slower than the per-layer kernels (docs/benchmarks.md)."""
+    return os.environ.get(DECODE_STEP_ENV, "0") == "1"
+
+
 def fuses_qkv_rotary(head_dim: int) -> bool:
     """Whether ``qkv_rotary_store`` handles this head size (its column tiles split each half of a head)."""
     return head_dim % 8 == 0
 
 
 __all__ = [
-    "SKINNY_MAX_ROWS", "argmax", "fuses_qkv_rotary", "paged_decode_attention", "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul",
+    "DECODE_STEP_ENV", "SKINNY_MAX_ROWS", "argmax", "decode_step_enabled", "decode_step_kernel", "fuses_qkv_rotary", "paged_decode_attention", "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul",
     "skinny_gated_linear", "skinny_linear", "triton_available", "triton_unavailable_reason",
 ]

@@ -1,0 +1,691 @@
+// One batch-1 decode forward of a Qwen2-style dense decoder (bf16) in one persistent kernel.
+//
+// One block per multiprocessor runs every layer; grid-wide barriers separate the five phases of
+// a layer (q/k/v + rotary + cache write; attention partials; combine + o_proj; norm + gate/up +
+// SiLU gate; down_proj). Each block owns a fixed slice of every weight, so its weight stream does
+// not depend on the data: the gate/up and down_proj slices (the MLP's weight, most of a layer's
+// bytes) are copied into shared memory by the bulk-copy engine four phases before they are used,
+// and the q/k/v and o_proj slices are loaded into registers a phase or two ahead. The barriers'
+// latency is then what a layer costs, not the weight reads behind each kernel boundary.
+//
+// Numerics follow the fused Triton path (kernels/fused_linear.py, paged_attention.py): float32
+// accumulation; the residual stream, norm outputs, projections, rotary, attention output and the
+// SiLU gate rounded to bf16 where that path stores them. Every reduction has a fixed order, so
+// a step's output does not depend on timing.
+//
+// Shape constants come from the host as macros: HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS,
+// KV_BLOCK, HAS_BIAS, THREADS, ATT_WARPS, MAX_SPLITS, ROWS_HIDDEN (a block's o_proj / down_proj
+// rows at most), X_BYTES, Y_BYTES, POLL_SLEEP_NS (the grid barrier's pause between polls), PROFILE
+// (1: block 0 records when each phase ends).
+// Compiled with NVRTC (no headers): bf16 values are handled as 16-bit integers.
+
+#define WARPS (THREADS / 32)
+#define GROUP (HEADS / KV_HEADS)
+#define HALF (HEAD_DIM / 2)
+#define QKV_UNITS ((HEADS + 2 * KV_HEADS) * HALF)  // (lo, lo + HALF) column pairs of q/k/v
+#define Q_SIZE (HEADS * HEAD_DIM)
+#define KC_H (HIDDEN / 128)  // 4-element chunks a lane takes of a HIDDEN-wide row
+#define KC_Q (Q_SIZE / 128)
+#define KC_I (INTER / 256)   // 8-element chunks a lane takes of an INTER-wide row
+#define E_ITEMS ((ROWS_HIDDEN * KC_I + WARPS - 1) / WARPS)  // (row, chunk) products a warp takes in phase E
+#define Q_ITEMS ((Q_SIZE + THREADS - 1) / THREADS)
+#define NORM_ITEMS ((HIDDEN + THREADS - 1) / THREADS)
+#define QS_ITEMS ((GROUP * HEAD_DIM + THREADS - 1) / THREADS)
+#define RED_FLOATS ((WARPS * KC_I + WARPS + 3) / 4 * 4)
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+typedef unsigned short bf16;
+
+struct LayerWeights {
+    const bf16* input_norm;
+    const bf16* qkv;
+    const bf16* qkv_bias;
+    const bf16* o;
+    const bf16* post_norm;
+    const bf16* gate_up;
+    const bf16* down;
+    const bf16* unused;
+};
+
+struct Params {
+    const LayerWeights* layers;
+    const bf16* final_norm;
+    const bf16* embeds;              // [HIDDEN]: the token's embedding
+    bf16* out;                       // [HIDDEN]: final-normed hidden state
+    bf16* k_cache;                   // layer 0's [slots, KV_HEADS, HEAD_DIM]
+    bf16* v_cache;
+    long long cache_layer_stride;    // elements from one layer's cache to the next
+    const long long* block_table;    // the sequence's row
+    const long long* context_lens;   // [1]: tokens in the cache after this step's
+    const long long* positions;      // [1]
+    const long long* slots;          // [1]: where this step's K/V go
+    const float* cos_table;          // [positions, HEAD_DIM]
+    const float* sin_table;
+    float* resid;                    // [HIDDEN]: residual stream (bf16 values)
+    float* q;                        // [Q_SIZE]: rotated q (bf16 values)
+    float* part_ml;                  // [KV_HEADS * MAX_SPLITS, GROUP, 2]: split max and sum
+    float* part_acc;                 // [KV_HEADS * MAX_SPLITS, GROUP, HEAD_DIM]
+    bf16* act;                       // [INTER]: silu(gate) * up
+    unsigned* barrier;               // [1]: the grid barrier's counter
+    float eps;
+    float scale;
+    int tokens_per_item;             // fewest tokens an attention block takes (a multiple of 16)
+    int unused_int;
+    unsigned long long* profile;     // with PROFILE: [LAYERS * 5] end times (ns) of the phases
+};
+
+// ---- bf16 and memory helpers ---------------------------------------------------------------
+
+__device__ __forceinline__ float bf(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+__device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ unsigned short to_bf(float f) {  // round to nearest even, NaN kept
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+__device__ __forceinline__ float rbf(float f) { return bf(to_bf(f)); }
+
+// data written by other blocks in this kernel is read at L2 (".cg"), past this block's L1; the
+// builtins are ordinary loads to the compiler, so independent ones are issued together
+__device__ __forceinline__ float ldcg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned ldcg_u32(const void* p) { return __ldcg((const unsigned*)p); }
+__device__ __forceinline__ uint4 ldcg_u4(const void* p) { return __ldcg((const uint4*)p); }
+
+__device__ __forceinline__ float dot4(uint2 w, float4 x, float acc) {
+    acc = fmaf(bf_lo(w.x), x.x, acc);
+    acc = fmaf(bf_hi(w.x), x.y, acc);
+    acc = fmaf(bf_lo(w.y), x.z, acc);
+    return fmaf(bf_hi(w.y), x.w, acc);
+}
+
+__device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
+    acc = fmaf(bf_lo(w.x), bf_lo(x.x), acc);
+    acc = fmaf(bf_hi(w.x), bf_hi(x.x), acc);
+    acc = fmaf(bf_lo(w.y), bf_lo(x.y), acc);
+    acc = fmaf(bf_hi(w.y), bf_hi(x.y), acc);
+    acc = fmaf(bf_lo(w.z), bf_lo(x.z), acc);
+    acc = fmaf(bf_hi(w.z), bf_hi(x.z), acc);
+    acc = fmaf(bf_lo(w.w), bf_lo(x.w), acc);
+    return fmaf(bf_hi(w.w), bf_hi(x.w), acc);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// ---- grid barrier --------------------------------------------------------------------------
+
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Every block's thread 0 adds 1 to the counter, block 0's adds 2^31 - (blocks - 1): the top bit
+// flips exactly when the last block arrives, whatever the order, and the counter needs no reset
+// between barriers or launches. Arrival releases the block's writes (after the block barrier),
+// the wait acquires everyone's.
+__device__ __forceinline__ void grid_sync(unsigned* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+        unsigned old;
+        asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(bar), "r"(add) : "memory");
+        // poll with relaxed loads and a pause: 100+ pollers back to back on one address queue up in
+        // its L2 slice, in front of the arrivals and of other data that slice holds
+        while (((old ^ ld_relaxed(bar)) & 0x80000000u) == 0) {
+            if (POLL_SLEEP_NS) __nanosleep(POLL_SLEEP_NS);
+        }
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    }
+    __syncthreads();
+}
+
+// ---- bulk copies into shared memory (Hopper's copy engine, completing on an mbarrier) --------
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void mbar_init(unsigned bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// copies rows [first, first + rows) of a [*, row_elems] matrix to shared memory at dst (one
+// thread; pieces of at most 32 KB); the mbarrier completes once all expected bytes arrived
+__device__ __forceinline__ void bulk_rows(unsigned dst, const bf16* src, int first, int rows, int row_elems, unsigned bar) {
+    const char* from = (const char*)(src + (long long)first * row_elems);
+    unsigned bytes = (unsigned)(rows * row_elems * 2);
+    while (bytes) {
+        const unsigned piece = bytes < 32768u ? bytes : 32768u;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     :: "r"(dst), "l"(from), "r"(piece), "r"(bar) : "memory");
+        dst += piece;
+        from += piece;
+        bytes -= piece;
+    }
+}
+
+__device__ __forceinline__ void expect_bytes(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+// a block's share [begin, end) of n items
+__device__ __forceinline__ int share_begin(int n) { return (int)(((long long)blockIdx.x * n) / gridDim.x); }
+__device__ __forceinline__ int share_end(int n) { return (int)(((long long)(blockIdx.x + 1) * n) / gridDim.x); }
+
+// Each thread copies 16-byte pieces of rows [first, first + rows) of a [*, row_elems] matrix to
+// shared memory at dst without waiting (cp.async); the thread's next commit closes the group.
+__device__ __forceinline__ void copy_rows_async(unsigned dst, const bf16* src, int first, int rows, int row_elems) {
+    const char* from = (const char*)(src + (long long)first * row_elems);
+    const int bytes = rows * row_elems * 2;
+    for (int off = threadIdx.x * 16; off < bytes; off += THREADS * 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst + off), "l"(from + off) : "memory");
+}
+
+// The MLP slices of layer `layer` into shared memory (every thread calls these): gate rows then
+// up rows in X, down rows in Y. MLP_COPY 0: one thread hands them to the bulk-copy engine; 1:
+// every thread copies its pieces (cp.async), one commit group per slice.
+__device__ __forceinline__ void load_gate_up(const Params& p, int layer, unsigned x_smem, unsigned x_bar) {
+#if SKIP_MLP_LOADS
+    return;
+#endif
+    const bf16* w = p.layers[layer].gate_up;
+    const int i0 = share_begin(INTER), ni = share_end(INTER) - i0;
+#if MLP_COPY == 0
+    if (threadIdx.x == 0) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // this block's reads of X are done
+        expect_bytes(x_bar, (unsigned)(2 * ni * HIDDEN * 2));
+        bulk_rows(x_smem, w, i0, ni, HIDDEN, x_bar);
+        bulk_rows(x_smem + ni * HIDDEN * 2, w, INTER + i0, ni, HIDDEN, x_bar);
+    }
+#else
+    copy_rows_async(x_smem, w, i0, ni, HIDDEN);
+    copy_rows_async(x_smem + ni * HIDDEN * 2, w, INTER + i0, ni, HIDDEN);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void load_down(const Params& p, int layer, unsigned y_smem, unsigned y_bar) {
+#if SKIP_MLP_LOADS
+    return;
+#endif
+    const bf16* w = p.layers[layer].down;
+    const int d0 = share_begin(HIDDEN), nd = share_end(HIDDEN) - d0;
+#if MLP_COPY == 0
+    if (threadIdx.x == 0) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        expect_bytes(y_bar, (unsigned)(nd * INTER * 2));
+        bulk_rows(y_smem, w, d0, nd, INTER, y_bar);
+    }
+#else
+    copy_rows_async(y_smem, w, d0, nd, INTER);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// waits until an MLP slice is in shared memory; with cp.async, `newer` says whether this thread
+// committed a group after the slice's (then that one may stay in flight)
+__device__ __forceinline__ void mlp_wait(unsigned bar, unsigned parity, bool newer) {
+#if SKIP_MLP_LOADS
+    return;
+#endif
+#if MLP_COPY == 0
+    mbar_wait(bar, parity);
+#else
+    if (newer)
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+#endif
+}
+
+// ---- block-wide pieces ---------------------------------------------------------------------
+
+// xs = bf16(rms_norm(src) * weight) over HIDDEN; src is the residual stream (or, with embeds, the
+// bf16 embedding). Every thread sums the warps' partial sums in the same order.
+__device__ void norm_into(float* xs, const float* resid, const bf16* embeds, const bf16* weight, float eps, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // all of this thread's loads first (with a store to xs between them the compiler could not
+    // issue the next load before it: it cannot tell that xs and resid do not overlap)
+    float v[NORM_ITEMS], wv[NORM_ITEMS];
+#pragma unroll
+    for (int j = 0; j < NORM_ITEMS; ++j) {
+        const int i = threadIdx.x + j * THREADS;
+        v[j] = i < HIDDEN ? (embeds ? bf(embeds[i]) : ldcg(resid + i)) : 0.f;
+        wv[j] = i < HIDDEN ? bf(weight[i]) : 0.f;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_ITEMS; ++j) ss = fmaf(v[j], v[j], ss);
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < WARPS; ++w) total += red[w];
+    const float inv = 1.0f / sqrtf(total / HIDDEN + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_ITEMS; ++j) {
+        const int i = threadIdx.x + j * THREADS;
+        if (i < HIDDEN) xs[i] = rbf(v[j] * inv * wv[j]);
+    }
+    __syncthreads();
+}
+
+// the row this warp multiplies in phase A: the lo or hi column of one of the block's pairs
+__device__ __forceinline__ int qkv_row(int u0, int nu, int warp) {
+    const int unit = u0 + (warp < nu ? warp : warp - nu);
+    return (unit / HALF) * HEAD_DIM + unit % HALF + (warp < nu ? 0 : HALF);
+}
+
+__device__ __forceinline__ void prefetch_qkv(const Params& p, int layer, uint2 (&wq)[KC_H]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int u0 = share_begin(QKV_UNITS), nu = share_end(QKV_UNITS) - u0;
+    if (warp < 2 * nu) {
+        const bf16* row = p.layers[layer].qkv + (long long)qkv_row(u0, nu, warp) * HIDDEN;
+#pragma unroll
+        for (int c = 0; c < KC_H; ++c) wq[c] = *(const uint2*)(row + (c * 32 + lane) * 4);
+    }
+}
+
+__device__ __forceinline__ void prefetch_o(const Params& p, int layer, uint2 (&wo)[KC_Q]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c0 = share_begin(HIDDEN), nc = share_end(HIDDEN) - c0;
+    if (warp < nc) {
+        const bf16* row = p.layers[layer].o + (long long)(c0 + warp) * Q_SIZE;
+#pragma unroll
+        for (int c = 0; c < KC_Q; ++c) wo[c] = *(const uint2*)(row + (c * 32 + lane) * 4);
+    }
+}
+
+#if PROFILE
+#define PHASE_END(layer, phase)                                                                    \
+    if (blockIdx.x == 0 && threadIdx.x == 0) {                                                     \
+        unsigned long long t;                                                                      \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                      \
+        p.profile[(layer) * 5 + (phase)] = t;                                                      \
+    }
+// points inside phases, after the phase ends: [LAYERS * 5 + layer * 8 + mark]
+#define PHASE_MARK(layer, mark)                                                                    \
+    if (blockIdx.x == 0 && threadIdx.x == 0) {                                                     \
+        unsigned long long t;                                                                      \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                      \
+        p.profile[LAYERS * 5 + (layer) * 8 + (mark)] = t;                                          \
+    }
+#else
+#define PHASE_END(layer, phase)
+#define PHASE_MARK(layer, mark)
+#endif
+
+// ---- the kernel ----------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Params p) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned long long* bars = (unsigned long long*)smem;        // [2] mbarriers: X, Y
+    bf16* xw = (bf16*)(smem + 128);                              // gate/up slice
+    bf16* yw = (bf16*)(smem + 128 + X_BYTES);                    // down_proj slice
+    float* xs = (float*)(smem + 128 + X_BYTES + Y_BYTES);        // [max(HIDDEN, Q_SIZE)] block input
+    float* red = xs + (HIDDEN > Q_SIZE ? HIDDEN : Q_SIZE);       // [RED_FLOATS] partial sums
+    float* qs = red + RED_FLOATS;                                // [GROUP, HEAD_DIM] attention's q
+    float* merge_m = qs + GROUP * HEAD_DIM;                      // [ATT_WARPS, GROUP]
+    float* merge_l = merge_m + ATT_WARPS * GROUP;
+    float* merge_acc = merge_l + ATT_WARPS * GROUP;              // [ATT_WARPS, GROUP, HEAD_DIM]
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned x_bar = smem_addr(bars), y_bar = smem_addr(bars + 1);
+    const unsigned x_smem = smem_addr(xw), y_smem = smem_addr(yw);
+    if (threadIdx.x == 0) {
+        mbar_init(x_bar);
+        mbar_init(y_bar);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    load_gate_up(p, 0, x_smem, x_bar);
+    load_down(p, 0, y_smem, y_bar);
+    uint2 wq[KC_H], wo[KC_Q];
+    prefetch_qkv(p, 0, wq);
+
+    const long long position = p.positions[0];
+    const int context = (int)p.context_lens[0];
+    const long long slot = p.slots[0];
+    const int c0 = share_begin(HIDDEN), nc = share_end(HIDDEN) - c0;  // o_proj and down_proj rows
+    const int u0 = share_begin(QKV_UNITS), nu = share_end(QKV_UNITS) - u0;  // q/k/v column pairs
+    // the rotary factors of this block's column pairs: one position for every layer
+    float rot_cos = 1.f, rot_sin = 0.f;
+    if (threadIdx.x < nu) {
+        const int j = (u0 + threadIdx.x) % HALF;
+        rot_cos = rbf(p.cos_table[position * HEAD_DIM + j]);
+        rot_sin = rbf(p.sin_table[position * HEAD_DIM + j]);
+    }
+
+    for (int layer = 0; layer < LAYERS; ++layer) {
+        const LayerWeights* lw = p.layers + layer;
+        const unsigned parity = layer & 1;
+        if (layer > 0) load_down(p, layer, y_smem, y_bar);  // Y was read in the last phase E
+
+        // ---- A: norm, q/k/v projection + bias, rotary, cache write
+        float bias_lo = 0.f, bias_hi = 0.f;
+#if HAS_BIAS
+        if (threadIdx.x < nu) {
+            const int unit = u0 + threadIdx.x;
+            const int row = (unit / HALF) * HEAD_DIM + unit % HALF;
+            bias_lo = bf(lw->qkv_bias[row]);
+            bias_hi = bf(lw->qkv_bias[row + HALF]);
+        }
+#endif
+        norm_into(xs, p.resid, layer == 0 ? p.embeds : nullptr, lw->input_norm, p.eps, red);
+        if (layer == 0)  // the residual stream starts as the embedding (this block's rows of it)
+            for (int i = c0 + threadIdx.x; i < c0 + nc; i += THREADS) p.resid[i] = bf(p.embeds[i]);
+        {
+            if (warp < 2 * nu) {
+                const float4* x4 = (const float4*)xs;
+                float d = 0.f;
+#pragma unroll
+                for (int c = 0; c < KC_H; ++c) d = dot4(wq[c], x4[c * 32 + lane], d);
+                d = warp_sum(d);
+                if (lane == 0) red[warp] = d;
+            }
+            __syncthreads();
+            if (threadIdx.x < nu) {
+                const int unit = u0 + threadIdx.x, head = unit / HALF, j = unit % HALF;
+                float lo = rbf(red[threadIdx.x] + bias_lo), hi = rbf(red[nu + threadIdx.x] + bias_hi);
+                if (head < HEADS + KV_HEADS) {  // q and k heads are rotated
+                    const float l2 = lo * rot_cos - hi * rot_sin, h2 = hi * rot_cos + lo * rot_sin;
+                    lo = l2;
+                    hi = h2;
+                }
+                if (head < HEADS) {
+                    p.q[head * HEAD_DIM + j] = rbf(lo);
+                    p.q[head * HEAD_DIM + j + HALF] = rbf(hi);
+                } else {
+                    const bool is_k = head < HEADS + KV_HEADS;
+                    const int kv_head = is_k ? head - HEADS : head - HEADS - KV_HEADS;
+                    bf16* cache = (is_k ? p.k_cache : p.v_cache) + layer * p.cache_layer_stride;
+                    bf16* dst = cache + (slot * KV_HEADS + kv_head) * HEAD_DIM + j;
+                    dst[0] = to_bf(lo);
+                    dst[HALF] = to_bf(hi);
+                }
+            }
+        }
+        grid_sync(p.barrier);
+        PHASE_END(layer, 0)
+
+        // ---- B: attention partials; block i < KV_HEADS * splits takes one KV head over one span of tokens
+        prefetch_o(p, layer, wo);  // used in phase C
+        {
+            int span = (context + MAX_SPLITS - 1) / MAX_SPLITS;
+            span = (span + 15) & ~15;
+            if (span < p.tokens_per_item) span = p.tokens_per_item;
+            const int splits = (context + span - 1) / span;
+            const int item = blockIdx.x;
+            if (item < KV_HEADS * splits && !SKIP_ATTENTION) {
+                const int g = item / splits, t0 = (item % splits) * span;
+                const int t1 = min(t0 + span, context);
+                {
+                    float qv[QS_ITEMS];
+#pragma unroll
+                    for (int j = 0; j < QS_ITEMS; ++j) {
+                        const int i = threadIdx.x + j * THREADS;
+                        qv[j] = i < GROUP * HEAD_DIM ? ldcg(p.q + g * GROUP * HEAD_DIM + i) : 0.f;
+                    }
+#pragma unroll
+                    for (int j = 0; j < QS_ITEMS; ++j)
+                        if (threadIdx.x + j * THREADS < GROUP * HEAD_DIM) qs[threadIdx.x + j * THREADS] = qv[j];
+                }
+                __syncthreads();
+                PHASE_MARK(layer, 0)
+                if (warp < ATT_WARPS) {
+                    const bf16* kc = p.k_cache + layer * p.cache_layer_stride;
+                    const bf16* vc = p.v_cache + layer * p.cache_layer_stride;
+                    float m[GROUP], l[GROUP], acc0[GROUP], acc1[GROUP];
+#pragma unroll
+                    for (int h = 0; h < GROUP; ++h) {
+                        m[h] = NEG_INF;
+                        l[h] = 0.f;
+                        acc0[h] = 0.f;
+                        acc1[h] = 0.f;
+                    }
+                    // a warp takes 16 tokens at a time: lanes i and i + 16 hold the two halves of
+                    // token i's key row; every lane holds two dims of each token's value row
+                    const int half = lane >> 4;
+                    for (int base = t0 + warp * 16; base < t1; base += ATT_WARPS * 16) {
+                        const int t = base + (lane & 15);
+                        const bool valid = t < t1;
+                        const long long tslot = valid ? p.block_table[t / KV_BLOCK] * KV_BLOCK + t % KV_BLOCK : 0;
+                        uint4 kr[HEAD_DIM / 16];
+                        const bf16* krow = kc + (tslot * KV_HEADS + g) * HEAD_DIM + half * (HEAD_DIM / 2);
+#pragma unroll
+                        for (int i = 0; i < HEAD_DIM / 16; ++i) kr[i] = valid ? ldcg_u4(krow + 8 * i) : make_uint4(0, 0, 0, 0);
+                        unsigned vr[16];
+#pragma unroll
+                        for (int i = 0; i < 16; ++i) {
+                            const long long s = __shfl_sync(0xffffffffu, tslot, i);
+                            vr[i] = base + i < t1 ? ldcg_u32(vc + (s * KV_HEADS + g) * HEAD_DIM + 2 * lane) : 0u;
+                        }
+                        float sc[GROUP];
+#pragma unroll
+                        for (int h = 0; h < GROUP; ++h) sc[h] = 0.f;
+                        if (base == t0) PHASE_MARK(layer, 1)
+#pragma unroll
+                        for (int i = 0; i < (ATT_NO_SCORE ? 0 : HEAD_DIM / 16); ++i) {
+                            const float k0 = bf_lo(kr[i].x), k1 = bf_hi(kr[i].x), k2 = bf_lo(kr[i].y), k3 = bf_hi(kr[i].y);
+                            const float k4 = bf_lo(kr[i].z), k5 = bf_hi(kr[i].z), k6 = bf_lo(kr[i].w), k7 = bf_hi(kr[i].w);
+                            const float* qh = qs + half * (HEAD_DIM / 2) + 8 * i;
+#pragma unroll
+                            for (int h = 0; h < GROUP; ++h) {
+                                const float4 qa = *(const float4*)(qh + h * HEAD_DIM);
+                                const float4 qb = *(const float4*)(qh + h * HEAD_DIM + 4);
+                                float s = sc[h];
+                                s = fmaf(qa.x, k0, s); s = fmaf(qa.y, k1, s); s = fmaf(qa.z, k2, s); s = fmaf(qa.w, k3, s);
+                                s = fmaf(qb.x, k4, s); s = fmaf(qb.y, k5, s); s = fmaf(qb.z, k6, s); s = fmaf(qb.w, k7, s);
+                                sc[h] = s;
+                            }
+                        }
+#pragma unroll
+                        for (int h = 0; h < GROUP; ++h) {
+                            const float full = sc[h] + __shfl_xor_sync(0xffffffffu, sc[h], 16);  // both halves of the row
+                            const float s = valid ? full * p.scale : NEG_INF;
+                            const float new_m = fmaxf(m[h], warp_max(s));
+                            const float correction = __expf(m[h] - new_m);
+                            const float pr = valid ? __expf(s - new_m) : 0.f;
+                            l[h] = l[h] * correction + warp_sum(half ? 0.f : pr);  // each token once
+                            acc0[h] *= correction;
+                            acc1[h] *= correction;
+                            m[h] = new_m;
+                            sc[h] = rbf(pr);  // the value product takes p in bf16, as the Triton path does
+                        }
+                        if (base == t0) PHASE_MARK(layer, 2)
+#pragma unroll
+                        for (int i = 0; i < (ATT_NO_PV ? 0 : 16); ++i) {
+                            const float v0 = bf_lo(vr[i]), v1 = bf_hi(vr[i]);
+#pragma unroll
+                            for (int h = 0; h < GROUP; ++h) {
+                                const float pi = __shfl_sync(0xffffffffu, sc[h], i);
+                                acc0[h] = fmaf(pi, v0, acc0[h]);
+                                acc1[h] = fmaf(pi, v1, acc1[h]);
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int h = 0; h < GROUP; ++h) {
+                        if (lane == 0) {
+                            merge_m[warp * GROUP + h] = m[h];
+                            merge_l[warp * GROUP + h] = l[h];
+                        }
+                        merge_acc[(warp * GROUP + h) * HEAD_DIM + 2 * lane] = acc0[h];
+                        merge_acc[(warp * GROUP + h) * HEAD_DIM + 2 * lane + 1] = acc1[h];
+                    }
+                }
+                PHASE_MARK(layer, 3)
+                __syncthreads();
+                for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += THREADS) {
+                    const int h = i / HEAD_DIM, d = i % HEAD_DIM;
+                    float mx = NEG_INF;
+                    for (int w = 0; w < ATT_WARPS; ++w) mx = fmaxf(mx, merge_m[w * GROUP + h]);
+                    float a = 0.f, sum = 0.f;
+                    for (int w = 0; w < ATT_WARPS; ++w) {
+                        const float mw = merge_m[w * GROUP + h];
+                        const float f = mw == NEG_INF ? 0.f : __expf(mw - mx);
+                        a = fmaf(f, merge_acc[(w * GROUP + h) * HEAD_DIM + d], a);
+                        sum = fmaf(f, merge_l[w * GROUP + h], sum);
+                    }
+                    const int part = item * GROUP + h;
+                    p.part_acc[part * HEAD_DIM + d] = a;
+                    if (d == 0) {
+                        p.part_ml[2 * part] = mx;
+                        p.part_ml[2 * part + 1] = sum;
+                    }
+                }
+            }
+        }
+        grid_sync(p.barrier);
+        PHASE_END(layer, 1)
+
+        // ---- C: combine the splits (every block, for all heads), o_proj of this block's rows, residual add
+        {
+            // this block's residual rows, written by it in phase E (or A): stable until its own add below
+            const float resid_row = warp < nc ? ldcg(p.resid + c0 + warp) : 0.f;
+            int span = (context + MAX_SPLITS - 1) / MAX_SPLITS;
+            span = (span + 15) & ~15;
+            if (span < p.tokens_per_item) span = p.tokens_per_item;
+            const int splits = (context + span - 1) / span;
+            // every split's max and sum into shared memory, then each thread's outputs with all
+            // their loads issued at once (split count unrolled up to MAX_SPLITS)
+            float* split_m = merge_acc;
+            float* split_l = merge_acc + KV_HEADS * MAX_SPLITS * GROUP;
+            for (int i = threadIdx.x; i < KV_HEADS * splits * GROUP; i += THREADS) {
+                split_m[i] = ldcg(p.part_ml + 2 * i);
+                split_l[i] = ldcg(p.part_ml + 2 * i + 1);
+            }
+            __syncthreads();
+#pragma unroll
+            for (int j = 0; j < Q_ITEMS; ++j) {
+                const int i = threadIdx.x + j * THREADS;
+                if (i < Q_SIZE) {
+                    const int head = i / HEAD_DIM, d = i % HEAD_DIM;
+                    const int g = head / GROUP, h = head % GROUP;
+                    float parts[MAX_SPLITS];
+#pragma unroll
+                    for (int s = 0; s < MAX_SPLITS; ++s)
+                        parts[s] = s < splits ? ldcg(p.part_acc + ((g * splits + s) * GROUP + h) * HEAD_DIM + d) : 0.f;
+                    float mx = NEG_INF;
+                    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, split_m[(g * splits + s) * GROUP + h]);
+                    float a = 0.f, sum = 0.f;
+#pragma unroll
+                    for (int s = 0; s < MAX_SPLITS; ++s) {
+                        if (s < splits) {
+                            const int part = (g * splits + s) * GROUP + h;
+                            const float f = __expf(split_m[part] - mx);
+                            a = fmaf(f, parts[s], a);
+                            sum = fmaf(f, split_l[part], sum);
+                        }
+                    }
+                    xs[i] = rbf(a / sum);
+                }
+            }
+            __syncthreads();
+            if (warp < nc) {
+                const float4* x4 = (const float4*)xs;
+                float d = 0.f;
+#pragma unroll
+                for (int c = 0; c < KC_Q; ++c) d = dot4(wo[c], x4[c * 32 + lane], d);
+                d = warp_sum(d);
+                if (lane == 0) p.resid[c0 + warp] = rbf(rbf(d) + resid_row);
+            }
+        }
+        grid_sync(p.barrier);
+        PHASE_END(layer, 2)
+
+        // ---- D: norm, gate/up (from shared memory), SiLU gate
+        norm_into(xs, p.resid, nullptr, lw->post_norm, p.eps, red);
+        PHASE_MARK(layer, 4)
+        {
+            const int i0 = share_begin(INTER), ni = share_end(INTER) - i0;
+            mlp_wait(x_bar, parity, true);  // down_proj's slice was requested after it
+            PHASE_MARK(layer, 5)
+            const float4* x4 = (const float4*)xs;
+            for (int r = warp; r < ni; r += WARPS) {
+                const bf16* gate_row = xw + r * HIDDEN;
+                const bf16* up_row = xw + (ni + r) * HIDDEN;
+                float gsum = 0.f, usum = 0.f;
+#pragma unroll
+                for (int c = 0; c < KC_H; ++c) {
+                    const int k = (c * 32 + lane) * 4;
+                    const float4 x = x4[c * 32 + lane];
+                    gsum = dot4(*(const uint2*)(gate_row + k), x, gsum);
+                    usum = dot4(*(const uint2*)(up_row + k), x, usum);
+                }
+                gsum = warp_sum(gsum);
+                usum = warp_sum(usum);
+                if (lane == 0) {
+                    const float gate = rbf(gsum), up = rbf(usum);
+                    p.act[i0 + r] = to_bf(gate / (1.0f + __expf(-gate)) * up);
+                }
+            }
+        }
+        grid_sync(p.barrier);
+        PHASE_END(layer, 3)
+
+        // ---- E: down_proj (from shared memory), residual add
+        if (layer + 1 < LAYERS) {
+            load_gate_up(p, layer + 1, x_smem, x_bar);  // X was read in phase D
+            prefetch_qkv(p, layer + 1, wq);
+        }
+        const float resid_row = threadIdx.x < nc ? ldcg(p.resid + c0 + threadIdx.x) : 0.f;  // written by this block in phase C
+        {
+            // a warp's (row, chunk) products: the activation's chunks requested together, then the weight from shared memory
+            uint4 av[E_ITEMS];
+#pragma unroll
+            for (int j = 0; j < E_ITEMS; ++j) {
+                const int it = warp + j * WARPS;
+                av[j] = it < nc * KC_I ? ldcg_u4(p.act + ((it % KC_I) * 32 + lane) * 8) : make_uint4(0, 0, 0, 0);
+            }
+            PHASE_MARK(layer, 6)
+            mlp_wait(y_bar, parity, layer + 1 < LAYERS);
+            PHASE_MARK(layer, 7)
+#pragma unroll
+            for (int j = 0; j < E_ITEMS; ++j) {
+                const int it = warp + j * WARPS;
+                if (it < nc * KC_I) {
+                    const int r = it / KC_I, k = ((it % KC_I) * 32 + lane) * 8;
+                    const float d = warp_sum(dot8(*(const uint4*)(yw + r * INTER + k), av[j], 0.f));
+                    if (lane == 0) red[it] = d;
+                }
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < nc) {
+            float d = 0.f;
+            for (int c = 0; c < KC_I; ++c) d += red[threadIdx.x * KC_I + c];
+            p.resid[c0 + threadIdx.x] = rbf(rbf(d) + resid_row);
+        }
+        grid_sync(p.barrier);
+        PHASE_END(layer, 4)
+    }
+
+    if (blockIdx.x == 0) {
+        norm_into(xs, p.resid, nullptr, p.final_norm, p.eps, red);
+        for (int i = threadIdx.x; i < HIDDEN; i += THREADS) p.out[i] = to_bf(xs[i]);
+    }
+}
