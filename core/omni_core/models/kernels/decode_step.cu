@@ -15,8 +15,8 @@
 //
 // Shape constants come from the host as macros: HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS,
 // KV_BLOCK, HAS_BIAS, THREADS, ATT_WARPS, MAX_SPLITS, ROWS_HIDDEN (a block's o_proj / down_proj
-// rows at most), X_BYTES, Y_BYTES, POLL_SLEEP_NS (the grid barrier's pause between polls), PROFILE
-// (1: block 0 records when each phase ends).
+// rows at most), X_BYTES, Y_BYTES, PROFILE (1: block 0 records when phases end, and points
+// inside them).
 // Compiled with NVRTC (no headers): bf16 values are handled as 16-bit integers.
 
 #define WARPS (THREADS / 32)
@@ -125,9 +125,9 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // ---- grid barrier --------------------------------------------------------------------------
 
-__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 
@@ -141,12 +141,8 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
         const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
         unsigned old;
         asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(bar), "r"(add) : "memory");
-        // poll with relaxed loads and a pause: 100+ pollers back to back on one address queue up in
-        // its L2 slice, in front of the arrivals and of other data that slice holds
-        while (((old ^ ld_relaxed(bar)) & 0x80000000u) == 0) {
-            if (POLL_SLEEP_NS) __nanosleep(POLL_SLEEP_NS);
+        while (((old ^ ld_acquire(bar)) & 0x80000000u) == 0) {
         }
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");
     }
     __syncthreads();
 }
@@ -194,71 +190,27 @@ __device__ __forceinline__ void expect_bytes(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ int share_begin(int n) { return (int)(((long long)blockIdx.x * n) / gridDim.x); }
 __device__ __forceinline__ int share_end(int n) { return (int)(((long long)(blockIdx.x + 1) * n) / gridDim.x); }
 
-// Each thread copies 16-byte pieces of rows [first, first + rows) of a [*, row_elems] matrix to
-// shared memory at dst without waiting (cp.async); the thread's next commit closes the group.
-__device__ __forceinline__ void copy_rows_async(unsigned dst, const bf16* src, int first, int rows, int row_elems) {
-    const char* from = (const char*)(src + (long long)first * row_elems);
-    const int bytes = rows * row_elems * 2;
-    for (int off = threadIdx.x * 16; off < bytes; off += THREADS * 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst + off), "l"(from + off) : "memory");
-}
-
-// The MLP slices of layer `layer` into shared memory (every thread calls these): gate rows then
-// up rows in X, down rows in Y. MLP_COPY 0: one thread hands them to the bulk-copy engine; 1:
-// every thread copies its pieces (cp.async), one commit group per slice.
+// The MLP slices of layer `layer` into shared memory (every thread calls these; thread 0 hands
+// them to the bulk-copy engine): gate rows then up rows in X, down rows in Y.
 __device__ __forceinline__ void load_gate_up(const Params& p, int layer, unsigned x_smem, unsigned x_bar) {
-#if SKIP_MLP_LOADS
-    return;
-#endif
     const bf16* w = p.layers[layer].gate_up;
     const int i0 = share_begin(INTER), ni = share_end(INTER) - i0;
-#if MLP_COPY == 0
     if (threadIdx.x == 0) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // this block's reads of X are done
         expect_bytes(x_bar, (unsigned)(2 * ni * HIDDEN * 2));
         bulk_rows(x_smem, w, i0, ni, HIDDEN, x_bar);
         bulk_rows(x_smem + ni * HIDDEN * 2, w, INTER + i0, ni, HIDDEN, x_bar);
     }
-#else
-    copy_rows_async(x_smem, w, i0, ni, HIDDEN);
-    copy_rows_async(x_smem + ni * HIDDEN * 2, w, INTER + i0, ni, HIDDEN);
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
 }
 
 __device__ __forceinline__ void load_down(const Params& p, int layer, unsigned y_smem, unsigned y_bar) {
-#if SKIP_MLP_LOADS
-    return;
-#endif
     const bf16* w = p.layers[layer].down;
     const int d0 = share_begin(HIDDEN), nd = share_end(HIDDEN) - d0;
-#if MLP_COPY == 0
     if (threadIdx.x == 0) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         expect_bytes(y_bar, (unsigned)(nd * INTER * 2));
         bulk_rows(y_smem, w, d0, nd, INTER, y_bar);
     }
-#else
-    copy_rows_async(y_smem, w, d0, nd, INTER);
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// waits until an MLP slice is in shared memory; with cp.async, `newer` says whether this thread
-// committed a group after the slice's (then that one may stay in flight)
-__device__ __forceinline__ void mlp_wait(unsigned bar, unsigned parity, bool newer) {
-#if SKIP_MLP_LOADS
-    return;
-#endif
-#if MLP_COPY == 0
-    mbar_wait(bar, parity);
-#else
-    if (newer)
-        asm volatile("cp.async.wait_group 1;" ::: "memory");
-    else
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
-#endif
 }
 
 // ---- block-wide pieces ---------------------------------------------------------------------
@@ -320,23 +272,38 @@ __device__ __forceinline__ void prefetch_o(const Params& p, int layer, uint2 (&w
 }
 
 #if PROFILE
-#define PHASE_END(layer, phase)                                                                    \
-    if (blockIdx.x == 0 && threadIdx.x == 0) {                                                     \
-        unsigned long long t;                                                                      \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                      \
-        p.profile[(layer) * 5 + (phase)] = t;                                                      \
-    }
-// points inside phases, after the phase ends: [LAYERS * 5 + layer * 8 + mark]
-#define PHASE_MARK(layer, mark)                                                                    \
-    if (blockIdx.x == 0 && threadIdx.x == 0) {                                                     \
-        unsigned long long t;                                                                      \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                      \
-        p.profile[LAYERS * 5 + (layer) * 8 + (mark)] = t;                                          \
-    }
+#define PROFILE_AT(index)                                                                          \
+    do {                                                                                           \
+        if (blockIdx.x == 0 && threadIdx.x == 0) {                                                 \
+            unsigned long long t;                                                                  \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                  \
+            p.profile[index] = t;                                                                  \
+        }                                                                                          \
+    } while (0)
 #else
-#define PHASE_END(layer, phase)
-#define PHASE_MARK(layer, mark)
+#define PROFILE_AT(index) do { } while (0)
 #endif
+#define PHASE_END(layer, phase) PROFILE_AT((layer) * 5 + (phase))
+// points inside phases, stored after the phase ends: [LAYERS * 5 + layer * 8 + mark]
+#define PHASE_MARK(layer, mark) PROFILE_AT(LAYERS * 5 + (layer) * 8 + (mark))
+
+// K and V of tokens [base, base + 16) (those before t1) of KV head g: lanes i and i + 16 take the
+// two halves of token i's key row, every lane two dims of each token's value row
+__device__ __forceinline__ void load_kv_tile(const Params& p, const bf16* kc, const bf16* vc, int g, int base, int t1,
+                                             uint4 (&kr)[HEAD_DIM / 16], unsigned (&vr)[16]) {
+    const int lane = threadIdx.x & 31, half = lane >> 4;
+    const int t = base + (lane & 15);
+    const bool valid = t < t1;
+    const long long tslot = valid ? p.block_table[t / KV_BLOCK] * KV_BLOCK + t % KV_BLOCK : 0;
+    const bf16* krow = kc + (tslot * KV_HEADS + g) * HEAD_DIM + half * (HEAD_DIM / 2);
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 16; ++i) kr[i] = valid ? ldcg_u4(krow + 8 * i) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const long long s = __shfl_sync(0xffffffffu, tslot, i);
+        vr[i] = base + i < t1 ? ldcg_u32(vc + (s * KV_HEADS + g) * HEAD_DIM + 2 * lane) : 0u;
+    }
+}
 
 // ---- the kernel ----------------------------------------------------------------------------
 
@@ -371,6 +338,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
     const long long slot = p.slots[0];
     const int c0 = share_begin(HIDDEN), nc = share_end(HIDDEN) - c0;  // o_proj and down_proj rows
     const int u0 = share_begin(QKV_UNITS), nu = share_end(QKV_UNITS) - u0;  // q/k/v column pairs
+    // attention: the context in spans of at least tokens_per_item tokens (at most MAX_SPLITS a KV
+    // head); block i < KV_HEADS * splits takes KV head i / splits over span i % splits
+    int span = (context + MAX_SPLITS - 1) / MAX_SPLITS;
+    span = (span + 15) & ~15;
+    if (span < p.tokens_per_item) span = p.tokens_per_item;
+    const int splits = (context + span - 1) / span;
+    const bool attends = blockIdx.x < KV_HEADS * splits;
+    const int att_g = blockIdx.x / splits, att_t0 = (blockIdx.x % splits) * span;
+    const int att_t1 = min(att_t0 + span, context);
+    const int att_base = att_t0 + warp * 16;  // this warp's first 16 tokens
     // the rotary factors of this block's column pairs: one position for every layer
     float rot_cos = 1.f, rot_sin = 0.f;
     if (threadIdx.x < nu) {
@@ -429,19 +406,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
             }
         }
         grid_sync(p.barrier);
-        PHASE_END(layer, 0)
+        PHASE_END(layer, 0);
 
         // ---- B: attention partials; block i < KV_HEADS * splits takes one KV head over one span of tokens
         prefetch_o(p, layer, wo);  // used in phase C
         {
-            int span = (context + MAX_SPLITS - 1) / MAX_SPLITS;
-            span = (span + 15) & ~15;
-            if (span < p.tokens_per_item) span = p.tokens_per_item;
-            const int splits = (context + span - 1) / span;
             const int item = blockIdx.x;
-            if (item < KV_HEADS * splits && !SKIP_ATTENTION) {
-                const int g = item / splits, t0 = (item % splits) * span;
-                const int t1 = min(t0 + span, context);
+            if (attends) {
+                const int g = att_g, t0 = att_t0, t1 = att_t1;
                 {
                     float qv[QS_ITEMS];
 #pragma unroll
@@ -454,10 +426,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                         if (threadIdx.x + j * THREADS < GROUP * HEAD_DIM) qs[threadIdx.x + j * THREADS] = qv[j];
                 }
                 __syncthreads();
-                PHASE_MARK(layer, 0)
+                PHASE_MARK(layer, 0);
                 if (warp < ATT_WARPS) {
-                    const bf16* kc = p.k_cache + layer * p.cache_layer_stride;
-                    const bf16* vc = p.v_cache + layer * p.cache_layer_stride;
                     float m[GROUP], l[GROUP], acc0[GROUP], acc1[GROUP];
 #pragma unroll
                     for (int h = 0; h < GROUP; ++h) {
@@ -466,29 +436,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                         acc0[h] = 0.f;
                         acc1[h] = 0.f;
                     }
-                    // a warp takes 16 tokens at a time: lanes i and i + 16 hold the two halves of
-                    // token i's key row; every lane holds two dims of each token's value row
+                    // a warp takes 16 tokens at a time (load_kv_tile)
+                    const bf16* kc = p.k_cache + layer * p.cache_layer_stride;
+                    const bf16* vc = p.v_cache + layer * p.cache_layer_stride;
                     const int half = lane >> 4;
-                    for (int base = t0 + warp * 16; base < t1; base += ATT_WARPS * 16) {
-                        const int t = base + (lane & 15);
-                        const bool valid = t < t1;
-                        const long long tslot = valid ? p.block_table[t / KV_BLOCK] * KV_BLOCK + t % KV_BLOCK : 0;
+                    for (int base = att_base; base < t1; base += ATT_WARPS * 16) {
+                        const bool valid = base + (lane & 15) < t1;
                         uint4 kr[HEAD_DIM / 16];
-                        const bf16* krow = kc + (tslot * KV_HEADS + g) * HEAD_DIM + half * (HEAD_DIM / 2);
-#pragma unroll
-                        for (int i = 0; i < HEAD_DIM / 16; ++i) kr[i] = valid ? ldcg_u4(krow + 8 * i) : make_uint4(0, 0, 0, 0);
                         unsigned vr[16];
-#pragma unroll
-                        for (int i = 0; i < 16; ++i) {
-                            const long long s = __shfl_sync(0xffffffffu, tslot, i);
-                            vr[i] = base + i < t1 ? ldcg_u32(vc + (s * KV_HEADS + g) * HEAD_DIM + 2 * lane) : 0u;
-                        }
+                        load_kv_tile(p, kc, vc, g, base, t1, kr, vr);
                         float sc[GROUP];
 #pragma unroll
                         for (int h = 0; h < GROUP; ++h) sc[h] = 0.f;
-                        if (base == t0) PHASE_MARK(layer, 1)
+                        if (base == t0) PHASE_MARK(layer, 1);
 #pragma unroll
-                        for (int i = 0; i < (ATT_NO_SCORE ? 0 : HEAD_DIM / 16); ++i) {
+                        for (int i = 0; i < HEAD_DIM / 16; ++i) {
                             const float k0 = bf_lo(kr[i].x), k1 = bf_hi(kr[i].x), k2 = bf_lo(kr[i].y), k3 = bf_hi(kr[i].y);
                             const float k4 = bf_lo(kr[i].z), k5 = bf_hi(kr[i].z), k6 = bf_lo(kr[i].w), k7 = bf_hi(kr[i].w);
                             const float* qh = qs + half * (HEAD_DIM / 2) + 8 * i;
@@ -515,9 +477,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                             m[h] = new_m;
                             sc[h] = rbf(pr);  // the value product takes p in bf16, as the Triton path does
                         }
-                        if (base == t0) PHASE_MARK(layer, 2)
+                        if (base == t0) PHASE_MARK(layer, 2);
 #pragma unroll
-                        for (int i = 0; i < (ATT_NO_PV ? 0 : 16); ++i) {
+                        for (int i = 0; i < 16; ++i) {
                             const float v0 = bf_lo(vr[i]), v1 = bf_hi(vr[i]);
 #pragma unroll
                             for (int h = 0; h < GROUP; ++h) {
@@ -537,7 +499,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                         merge_acc[(warp * GROUP + h) * HEAD_DIM + 2 * lane + 1] = acc1[h];
                     }
                 }
-                PHASE_MARK(layer, 3)
+                PHASE_MARK(layer, 3);
                 __syncthreads();
                 for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += THREADS) {
                     const int h = i / HEAD_DIM, d = i % HEAD_DIM;
@@ -560,16 +522,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
             }
         }
         grid_sync(p.barrier);
-        PHASE_END(layer, 1)
+        PHASE_END(layer, 1);
 
         // ---- C: combine the splits (every block, for all heads), o_proj of this block's rows, residual add
         {
             // this block's residual rows, written by it in phase E (or A): stable until its own add below
             const float resid_row = warp < nc ? ldcg(p.resid + c0 + warp) : 0.f;
-            int span = (context + MAX_SPLITS - 1) / MAX_SPLITS;
-            span = (span + 15) & ~15;
-            if (span < p.tokens_per_item) span = p.tokens_per_item;
-            const int splits = (context + span - 1) / span;
             // every split's max and sum into shared memory, then each thread's outputs with all
             // their loads issued at once (split count unrolled up to MAX_SPLITS)
             float* split_m = merge_acc;
@@ -615,15 +573,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
             }
         }
         grid_sync(p.barrier);
-        PHASE_END(layer, 2)
+        PHASE_END(layer, 2);
 
         // ---- D: norm, gate/up (from shared memory), SiLU gate
         norm_into(xs, p.resid, nullptr, lw->post_norm, p.eps, red);
-        PHASE_MARK(layer, 4)
+        PHASE_MARK(layer, 4);
         {
             const int i0 = share_begin(INTER), ni = share_end(INTER) - i0;
-            mlp_wait(x_bar, parity, true);  // down_proj's slice was requested after it
-            PHASE_MARK(layer, 5)
+            mbar_wait(x_bar, parity);
+            PHASE_MARK(layer, 5);
             const float4* x4 = (const float4*)xs;
             for (int r = warp; r < ni; r += WARPS) {
                 const bf16* gate_row = xw + r * HIDDEN;
@@ -645,7 +603,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
             }
         }
         grid_sync(p.barrier);
-        PHASE_END(layer, 3)
+        PHASE_END(layer, 3);
 
         // ---- E: down_proj (from shared memory), residual add
         if (layer + 1 < LAYERS) {
@@ -661,9 +619,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 const int it = warp + j * WARPS;
                 av[j] = it < nc * KC_I ? ldcg_u4(p.act + ((it % KC_I) * 32 + lane) * 8) : make_uint4(0, 0, 0, 0);
             }
-            PHASE_MARK(layer, 6)
-            mlp_wait(y_bar, parity, layer + 1 < LAYERS);
-            PHASE_MARK(layer, 7)
+            PHASE_MARK(layer, 6);
+            mbar_wait(y_bar, parity);
+            PHASE_MARK(layer, 7);
 #pragma unroll
             for (int j = 0; j < E_ITEMS; ++j) {
                 const int it = warp + j * WARPS;
@@ -681,7 +639,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
             p.resid[c0 + threadIdx.x] = rbf(rbf(d) + resid_row);
         }
         grid_sync(p.barrier);
-        PHASE_END(layer, 4)
+        PHASE_END(layer, 4);
     }
 
     if (blockIdx.x == 0) {

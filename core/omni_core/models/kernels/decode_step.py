@@ -8,13 +8,13 @@ grid-wide barriers between a layer's phases; each block owns a fixed slice of ev
 requests it phases ahead (the MLP's slices by bulk copy into shared memory, q/k/v and o_proj into
 registers), so the weight stream runs under the barriers. Numerics follow the fused Triton path.
 
-It applies to bf16 models without per-head q/k norms or experts (Qwen2, Qwen3 with
-``attention_bias`` off has q/k norms and is excluded) on Hopper GPUs, with head size 64, hidden
-and q sizes multiples of 128 and an intermediate size a multiple of 256, where NVRTC and the
-driver library load, and only with ``OMNI_DECODE_STEP_KERNEL=1``: on the H200 it is still slower
-than the per-layer kernels (docs/benchmarks.md, "One kernel a decode step"). The model calls it
-for decode steps of one sequence on the fused path (``QwenForCausalLM.forward``); everything else
-keeps the per-layer kernels.
+It applies to bf16 dense models without per-head q/k norms (Qwen2-style; not Qwen3, not MoE) on
+Hopper GPUs, with head size 64, hidden and q sizes multiples of 128 and an intermediate size a
+multiple of 256, where NVRTC and the driver library load, and only with
+``OMNI_DECODE_STEP_KERNEL=1``: on the H200 it is still slower than the per-layer kernels
+(docs/benchmarks.md, "One kernel a decode step"). The model calls it for decode steps of one
+sequence on the fused path (``QwenForCausalLM.forward``); everything else keeps the per-layer
+kernels.
 """
 
 from __future__ import annotations
@@ -35,11 +35,8 @@ log = logging.getLogger(__name__)
 THREADS = 384  # 12 warps: 168 registers a thread (at 512 the attention phase spilled)
 ATT_WARPS = 8  # warps of a block that read K/V in the attention phase
 MAX_SPLITS = 8  # attention spans per KV head at most (every block combines them all)
-MLP_COPY = 0  # how the MLP slices reach shared memory: 0 the bulk-copy engine, 1 cp.async from every thread
-POLL_SLEEP_NS = 64  # the grid barrier's pause between polls of its counter
 TOKENS_PER_ITEM = 128  # fewest tokens one block's attention span takes (a multiple of 16)
 SOURCE = Path(__file__).with_name("decode_step.cu")
-EXPERIMENT: dict[str, int] = {}
 
 
 @dataclass(frozen=True)
@@ -100,16 +97,14 @@ class _Params(ctypes.Structure):  # mirrors ``struct Params`` in decode_step.cu
 
 
 @functools.cache
-def _compiled(shape: StepShape, blocks: int, arch: str, profile: bool, experiment: tuple = ()) -> bytes:
+def _compiled(shape: StepShape, blocks: int, arch: str, profile: bool) -> bytes:
     layout = shape.layout(blocks)
     defines = {
         "HIDDEN": shape.hidden, "HEADS": shape.heads, "KV_HEADS": shape.kv_heads, "HEAD_DIM": shape.head_dim, "INTER": shape.inter,
         "LAYERS": shape.layers, "KV_BLOCK": shape.kv_block, "HAS_BIAS": int(shape.has_bias), "THREADS": THREADS,
         "ATT_WARPS": ATT_WARPS, "MAX_SPLITS": MAX_SPLITS, "X_BYTES": layout["X_BYTES"], "Y_BYTES": layout["Y_BYTES"],
-        "ROWS_HIDDEN": layout["ROWS_HIDDEN"], "PROFILE": int(profile), "POLL_SLEEP_NS": POLL_SLEEP_NS, "MLP_COPY": MLP_COPY,
-        "SKIP_MLP_LOADS": 0, "SKIP_ATTENTION": 0, "ATT_NO_PV": 0, "ATT_NO_SCORE": 0,
+        "ROWS_HIDDEN": layout["ROWS_HIDDEN"], "PROFILE": int(profile),
     }
-    defines.update(dict(experiment))
     source = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE.read_text()
     cubin, _ = cuda_rtc.compile_source(source, arch, "decode_step.cu")
     return cubin
@@ -124,7 +119,7 @@ class DecodeStepKernel:
         self.blocks = blocks
         self.cooperative = cooperative
         layout = shape.layout(blocks)
-        cubin = _compiled(shape, blocks, cuda_rtc.device_arch(device), profile, tuple(sorted(EXPERIMENT.items())))
+        cubin = _compiled(shape, blocks, cuda_rtc.device_arch(device), profile)
         self.kernel = cuda_rtc.CudaKernel(cubin, "decode_step", device, layout["shared"])
         # with ``profile``: when each phase of each layer ended on block 0 (ns, the GPU's global timer)
         self.phase_ends = torch.zeros(shape.layers * 13, dtype=torch.int64, device=device) if profile else None
