@@ -198,9 +198,11 @@ class QwenForCausalLM(nn.Module):
     def _decode_step_kernel(self, ctx: ForwardContext):
         """The one-kernel batch-1 decode forward over these caches, built on first use; None
         where it does not apply (the per-layer kernels run)."""
-        key = (ctx.kv_caches[0][0].data_ptr(), ctx.meta.block_size, kernels.decode_step_enabled())
+        enabled = kernels.decode_step_enabled()
+        key = (ctx.kv_caches[0][0].data_ptr(), ctx.meta.block_size, enabled)
         if self._decode_step[0] != key:
-            self._decode_step = (key, kernels.decode_step_kernel(self, ctx.kv_caches, ctx.meta.block_size, ctx.kv_caches[0][0].device))
+            built = kernels.decode_step_kernel(self, ctx.kv_caches, ctx.meta.block_size, ctx.kv_caches[0][0].device) if enabled else None
+            self._decode_step = (key, built)
         return self._decode_step[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -117,6 +117,7 @@ def fuses_qkv_rotary(head_dim: int) -> bool:
 
 
 __all__ = [
-    "DECODE_STEP_ENV", "SKINNY_MAX_ROWS", "argmax", "decode_step_enabled", "decode_step_kernel", "fuses_qkv_rotary", "paged_decode_attention", "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul",
-    "skinny_gated_linear", "skinny_linear", "triton_available", "triton_unavailable_reason",
+    "DECODE_STEP_ENV", "SKINNY_MAX_ROWS", "argmax", "decode_step_enabled", "decode_step_kernel", "fuses_qkv_rotary", "paged_decode_attention",
+    "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul", "skinny_gated_linear", "skinny_linear", "triton_available",
+    "triton_unavailable_reason",
 ]

@@ -114,14 +114,14 @@ class DecodeStepKernel:
     """The one-kernel decode forward of ``model`` (a ``QwenForCausalLM``) over the engine's caches.
     Build with ``DecodeStepKernel.build`` (None where it does not apply)."""
 
-    def __init__(self, model, kv_caches, shape: StepShape, device: torch.device, blocks: int, cooperative: bool = True, profile: bool = False):
+    def __init__(self, model, kv_caches, shape: StepShape, device: torch.device, blocks: int, profile: bool = False):
         self.shape = shape
         self.blocks = blocks
-        self.cooperative = cooperative
         layout = shape.layout(blocks)
         cubin = _compiled(shape, blocks, cuda_rtc.device_arch(device), profile)
         self.kernel = cuda_rtc.CudaKernel(cubin, "decode_step", device, layout["shared"])
-        # with ``profile``: when each phase of each layer ended on block 0 (ns, the GPU's global timer)
+        # with ``profile``: when each phase of each layer ended on block 0 ([layers, 5]), then points
+        # inside phases ([layers, 8]; decode_step.cu's PHASE_MARK), in ns of the GPU's global timer
         self.phase_ends = torch.zeros(shape.layers * 13, dtype=torch.int64, device=device) if profile else None
         if self.kernel.blocks_per_multiprocessor(THREADS) < 1:
             raise cuda_rtc.CudaRtcError("the kernel does not fit on a multiprocessor")
@@ -207,7 +207,7 @@ class DecodeStepKernel:
             self.eps, shape.head_dim**-0.5, self.tokens_per_item, 0,
             self.phase_ends.data_ptr() if self.phase_ends is not None else None,
         )
-        self.kernel.launch(self.blocks, THREADS, params, cooperative=self.cooperative)
+        self.kernel.launch(self.blocks, THREADS, params, cooperative=True)  # the grid barriers need every block resident
         return out
 
 
