@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from types import SimpleNamespace
 
 import torch
 
@@ -14,17 +15,16 @@ from omni_core.models import native
 
 @functools.cache
 def _library():
-    lib = native.load("host_ops")
-    if lib is None:
-        return None
+    """The bound functions of ``host_ops.c`` (``native.function``), or None where it cannot be built."""
     pointer, integer, real = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.add_rms_norm_f32.argtypes = [pointer, pointer, pointer, real, integer, integer, pointer, pointer]
-    lib.silu_mul_f32.argtypes = [pointer, integer, integer, pointer]
-    lib.rotary_store_f32.argtypes = [pointer, integer] * 3 + [pointer, pointer, pointer] + [integer] * 4 + [pointer] * 4
-    lib.argmax_rows_f32.argtypes = [pointer, integer, integer, pointer]
-    for fn in (lib.add_rms_norm_f32, lib.silu_mul_f32, lib.rotary_store_f32, lib.argmax_rows_f32):
-        fn.restype = None
-    return lib
+    signatures = {
+        "add_rms_norm_f32": [pointer, pointer, pointer, real, integer, integer, pointer, pointer],
+        "silu_mul_f32": [pointer, integer, integer, pointer],
+        "rotary_store_f32": [pointer, integer] * 3 + [pointer, pointer, pointer] + [integer] * 4 + [pointer] * 4,
+        "argmax_rows_f32": [pointer, integer, integer, pointer],
+    }
+    functions = {symbol: native.function("host_ops", symbol, argtypes) for symbol, argtypes in signatures.items()}
+    return None if None in functions.values() else SimpleNamespace(**functions)
 
 
 # torch's element-wise CPU ops use more than one thread only above this many elements
