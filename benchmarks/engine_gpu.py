@@ -29,7 +29,12 @@ import torch
 import transformers
 from omni_core.models.attention import AttentionMetadata, SdpaBackend
 from omni_core.models.kernels import fused_linear, launch
-from omni_core.models.kernels.decode_step import DECODE_STEP_ENV, DecodeStepKernel
+from omni_core.models.kernels.decode_step import (
+    DECODE_STEP_ENV,
+    MARKS_PER_LAYER,
+    PHASES_PER_LAYER,
+    DecodeStepKernel,
+)
 from omni_core.models.kernels.paged_attention import paged_decode_attention
 from omni_core.scheduler import AREngine, EngineRequest, SamplingParams
 
@@ -116,14 +121,14 @@ def decode_step_phases(path: str, context: int, steps: int, vocab: int) -> None:
     profiled = DecodeStepKernel(model, engine.runner.kv_caches, step.shape, step.kernel.device, step.blocks, profile=True)
     model._decode_step = (model._decode_step[0], profiled)
     layers = step.shape.layers
-    totals = torch.zeros(layers * 13, dtype=torch.float64)
+    totals = torch.zeros(layers * (PHASES_PER_LAYER + MARKS_PER_LAYER), dtype=torch.float64)
     for _ in range(steps):
         engine.step()
         torch.cuda.synchronize()
         totals += profiled.phase_ends.double().cpu()
     mean = totals / steps
-    ends = mean[: layers * 5].view(layers, 5)
-    marks = mean[layers * 5 :].view(layers, 8)
+    ends = mean[: layers * PHASES_PER_LAYER].view(layers, PHASES_PER_LAYER)
+    marks = mean[layers * PHASES_PER_LAYER :].view(layers, MARKS_PER_LAYER)
     starts = torch.cat([ends[:, 4:5].roll(1, 0), ends[:, :4]], dim=1)  # phase p of layer l starts when the one before ends
     phase_us = ((ends - starts)[1:] / 1e3).mean(0)
     print("| phase | mean us a layer |")

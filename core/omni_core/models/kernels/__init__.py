@@ -1,4 +1,5 @@
-"""Fused Triton kernels for the decoder backbones' CUDA path.
+"""Fused Triton kernels for the decoder backbones' CUDA path (and one CUDA C++ kernel compiled at
+run time, ``decode_step``: a whole batch-1 decode forward, opt-in).
 
 Each kernel has a torch reference in ``omni_core.models.layers`` / ``attention`` (the CPU path);
 the models call these only when their attention backend asks for fused ops (``TritonPagedBackend``),

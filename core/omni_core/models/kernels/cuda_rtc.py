@@ -4,8 +4,8 @@ them like any other kernel).
 
 Both libraries are reached through ``ctypes``: NVRTC is the one torch's CUDA build loads (or one
 named by ``OMNI_NVRTC``), the driver is ``libcuda.so.1``. Nothing is built at install time, and
-where either library is missing ``compile_kernel`` raises ``CudaRtcError`` and callers keep their
-other path.
+where either library is missing ``compile_source`` / ``CudaKernel`` raise ``CudaRtcError`` and
+callers keep their other path.
 """
 
 from __future__ import annotations

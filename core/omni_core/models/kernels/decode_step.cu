@@ -44,7 +44,6 @@ struct LayerWeights {
     const bf16* post_norm;
     const bf16* gate_up;
     const bf16* down;
-    const bf16* unused;
 };
 
 struct Params {
@@ -70,8 +69,7 @@ struct Params {
     float eps;
     float scale;
     int tokens_per_item;             // fewest tokens an attention block takes (a multiple of 16)
-    int unused_int;
-    unsigned long long* profile;     // with PROFILE: [LAYERS * 5] end times (ns) of the phases
+    unsigned long long* profile;     // with PROFILE: [LAYERS * 5] phase end times (ns), then [LAYERS * 8] marks
 };
 
 // ---- bf16 and memory helpers ---------------------------------------------------------------

@@ -36,6 +36,8 @@ THREADS = 384  # 12 warps: 168 registers a thread (at 512 the attention phase sp
 ATT_WARPS = 8  # warps of a block that read K/V in the attention phase
 MAX_SPLITS = 8  # attention spans per KV head at most (every block combines them all)
 TOKENS_PER_ITEM = 128  # fewest tokens one block's attention span takes (a multiple of 16)
+PHASES_PER_LAYER = 5  # decode_step.cu's PHASE_END points a layer
+MARKS_PER_LAYER = 8  # and its PHASE_MARK points (recorded with ``profile``)
 SOURCE = Path(__file__).with_name("decode_step.cu")
 
 
@@ -78,8 +80,9 @@ class StepShape:
             return f"{blocks} multiprocessors are too few for hidden {self.hidden}"
         if self.group > 16 or 2 * self.kv_heads * MAX_SPLITS > ATT_WARPS * self.head_dim:
             return f"{self.group} query heads a KV head"
-        if self.layout(blocks)["shared"] > shared_limit:
-            return f"needs {self.layout(blocks)['shared']} bytes of shared memory a block, the device has {shared_limit}"
+        shared = self.layout(blocks)["shared"]
+        if shared > shared_limit:
+            return f"needs {shared} bytes of shared memory a block, the device has {shared_limit}"
         return None
 
 
@@ -91,8 +94,7 @@ class _Params(ctypes.Structure):  # mirrors ``struct Params`` in decode_step.cu
         ("cos_table", ctypes.c_void_p), ("sin_table", ctypes.c_void_p),
         ("resid", ctypes.c_void_p), ("q", ctypes.c_void_p), ("part_ml", ctypes.c_void_p), ("part_acc", ctypes.c_void_p),
         ("act", ctypes.c_void_p), ("barrier", ctypes.c_void_p),
-        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("tokens_per_item", ctypes.c_int), ("unused_int", ctypes.c_int),
-        ("profile", ctypes.c_void_p),
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("tokens_per_item", ctypes.c_int), ("profile", ctypes.c_void_p),
     ]
 
 
@@ -120,9 +122,10 @@ class DecodeStepKernel:
         layout = shape.layout(blocks)
         cubin = _compiled(shape, blocks, cuda_rtc.device_arch(device), profile)
         self.kernel = cuda_rtc.CudaKernel(cubin, "decode_step", device, layout["shared"])
-        # with ``profile``: when each phase of each layer ended on block 0 ([layers, 5]), then points
-        # inside phases ([layers, 8]; decode_step.cu's PHASE_MARK), in ns of the GPU's global timer
-        self.phase_ends = torch.zeros(shape.layers * 13, dtype=torch.int64, device=device) if profile else None
+        # with ``profile``: when each phase of each layer ended on block 0, then the points inside
+        # phases, in ns of the GPU's global timer
+        marks = shape.layers * (PHASES_PER_LAYER + MARKS_PER_LAYER)
+        self.phase_ends = torch.zeros(marks, dtype=torch.int64, device=device) if profile else None
         if self.kernel.blocks_per_multiprocessor(THREADS) < 1:
             raise cuda_rtc.CudaRtcError("the kernel does not fit on a multiprocessor")
         inner = model.model
@@ -133,7 +136,7 @@ class DecodeStepKernel:
             table.append([
                 layer.input_layernorm.weight.data_ptr(), attn.qkv_proj.weight.data_ptr(), bias.data_ptr() if bias is not None else 0,
                 attn.o_proj.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(), mlp.gate_up_proj.weight.data_ptr(),
-                mlp.down_proj.weight.data_ptr(), 0,
+                mlp.down_proj.weight.data_ptr(),
             ])
         self.weights = torch.tensor(table, dtype=torch.int64, device=device)  # LayerWeights[] on the device
         self.final_norm = inner.norm.weight
@@ -149,7 +152,6 @@ class DecodeStepKernel:
         self.part_acc = torch.zeros(shape.kv_heads * MAX_SPLITS * shape.group * shape.head_dim, **f32)
         self.act = torch.zeros(shape.inter, dtype=torch.bfloat16, device=device)
         self.barrier = torch.zeros(1, dtype=torch.int32, device=device)
-        self.tokens_per_item = TOKENS_PER_ITEM
 
     @classmethod
     def build(cls, model, kv_caches, block_size: int, device: torch.device) -> DecodeStepKernel | None:
@@ -204,7 +206,7 @@ class DecodeStepKernel:
             self.cos.data_ptr(), self.sin.data_ptr(),
             self.resid.data_ptr(), self.q.data_ptr(), self.part_ml.data_ptr(), self.part_acc.data_ptr(),
             self.act.data_ptr(), self.barrier.data_ptr(),
-            self.eps, shape.head_dim**-0.5, self.tokens_per_item, 0,
+            self.eps, shape.head_dim**-0.5, TOKENS_PER_ITEM,
             self.phase_ends.data_ptr() if self.phase_ends is not None else None,
         )
         self.kernel.launch(self.blocks, THREADS, params, cooperative=True)  # the grid barriers need every block resident
