@@ -15,7 +15,8 @@ batch's context) / measured device-to-device copy bandwidth (bytes read + writte
 built with the environment variable VAR set to each value (e.g. ``'OMNI_PDL=0|1'``; the
 kernels' launch settings are re-read for each engine), alternating between them.
 ``--decode-step-phases N`` prints where the one-kernel batch-1 decode (``kernels.decode_step``)
-spends a step: the mean time of each phase of a layer over N eager steps, read off the GPU timer.
+spends a step: the mean time of each phase of a layer over N eager steps, of points inside phases
+and of block 0's arrival at each barrier, read off the GPU timer.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ MARKS = (  # (phase, mark) points inside phases that decode_step.cu records with
     (1, 0, "attention: q in shared memory"), (1, 1, "attention: K/V requested"), (1, 2, "attention: scores and softmax of the first span"),
     (1, 3, "attention: spans done"), (3, 4, "gate/up: norm done"), (3, 5, "gate/up: weight slice in shared memory"),
     (4, 6, "down_proj: activation requested"), (4, 7, "down_proj: weight slice in shared memory"),
+    (0, 8, "q/k/v: block at the barrier"), (1, 9, "attention: block at the barrier"), (2, 10, "combine + o_proj: block at the barrier"),
+    (3, 11, "gate/up: block at the barrier"), (4, 12, "down_proj: block at the barrier"),
 )
 
 

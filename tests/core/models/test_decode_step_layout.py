@@ -16,8 +16,9 @@ QWEN2_05B = StepShape(hidden=896, heads=14, kv_heads=2, head_dim=64, inter=4864,
 
 def test_the_05b_shape_fits_a_hopper_block():
     layout = QWEN2_05B.layout(132)
-    # 37 of the 4864 gate/up row pairs and 7 of the 896 down_proj rows a block, in bf16
-    assert layout["X_BYTES"] == 2 * 37 * 896 * 2 and layout["Y_BYTES"] == 7 * 4864 * 2 and layout["ROWS_HIDDEN"] == 7
+    # 37 of the 4864 gate/up row pairs and 7 of the 896 down_proj rows a block, in bf16; 10 q/k/v
+    # rows (5 column pairs) over 8 warps: two a warp at most
+    assert layout["X_BYTES"] == 2 * 37 * 896 * 2 and layout["Y_BYTES"] == 7 * 4864 * 2 and layout["A_ROWS"] == 2
     assert layout["shared"] <= H200_SHARED
     assert QWEN2_05B.unsupported(132, H200_SHARED) is None
 

@@ -4,9 +4,10 @@
 // a layer (q/k/v + rotary + cache write; attention partials; combine + o_proj; norm + gate/up +
 // SiLU gate; down_proj). Each block owns a fixed slice of every weight, so its weight stream does
 // not depend on the data: the gate/up and down_proj slices (the MLP's weight, most of a layer's
-// bytes) are copied into shared memory by the bulk-copy engine four phases before they are used,
-// and the q/k/v and o_proj slices are loaded into registers a phase or two ahead. The barriers'
-// latency is then what a layer costs, not the weight reads behind each kernel boundary.
+// bytes) are copied into shared memory by the bulk-copy engine four phases before they are used;
+// the q/k/v and o_proj slices and the attention blocks' cached K/V are asked of L2 a phase or two
+// ahead (prefetch: no register holds them while they come) and loaded when their phase starts.
+// The barriers' latency is then what a layer costs, not the weight reads behind each boundary.
 //
 // Numerics follow the fused Triton path (kernels/fused_linear.py, paged_attention.py): float32
 // accumulation; the residual stream, norm outputs, projections, rotary, attention output and the
@@ -14,12 +15,13 @@
 // a step's output does not depend on timing.
 //
 // Shape constants come from the host as macros: HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS,
-// KV_BLOCK, HAS_BIAS, THREADS, ATT_WARPS, MAX_SPLITS, ROWS_HIDDEN (a block's o_proj / down_proj
-// rows at most), X_BYTES, Y_BYTES, PROFILE (1: block 0 records when phases end, and points
-// inside them).
+// KV_BLOCK, HAS_BIAS, THREADS, ATT_WARPS, MAX_SPLITS, A_ROWS (q/k/v rows a warp takes at most),
+// X_BYTES, Y_BYTES, PROFILE (1: block 0 records when phases end, points inside them and when the
+// block arrives at each barrier), PHASES_PER_LAYER and MARKS_PER_LAYER (the profile's layout).
 // Compiled with NVRTC (no headers): bf16 values are handled as 16-bit integers.
 
 #define WARPS (THREADS / 32)
+#define ISSUER (THREADS - 32)  // the thread that hands the bulk copies to the copy engine
 #define GROUP (HEADS / KV_HEADS)
 #define HALF (HEAD_DIM / 2)
 #define QKV_UNITS ((HEADS + 2 * KV_HEADS) * HALF)  // (lo, lo + HALF) column pairs of q/k/v
@@ -27,11 +29,10 @@
 #define KC_H (HIDDEN / 128)  // 4-element chunks a lane takes of a HIDDEN-wide row
 #define KC_Q (Q_SIZE / 128)
 #define KC_I (INTER / 256)   // 8-element chunks a lane takes of an INTER-wide row
-#define E_ITEMS ((ROWS_HIDDEN * KC_I + WARPS - 1) / WARPS)  // (row, chunk) products a warp takes in phase E
 #define Q_ITEMS ((Q_SIZE + THREADS - 1) / THREADS)
 #define NORM_ITEMS ((HIDDEN + THREADS - 1) / THREADS)
 #define QS_ITEMS ((GROUP * HEAD_DIM + THREADS - 1) / THREADS)
-#define RED_FLOATS ((WARPS * KC_I + WARPS + 3) / 4 * 4)
+#define RED_FLOATS ((A_ROWS * WARPS + 3) / 4 * 4)  // the norm's warp sums, then phase A's rows
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 typedef unsigned short bf16;
@@ -121,6 +122,24 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// ---- profiling (PROFILE 1): the GPU's global timer on block 0, thread 0 ----------------------
+
+#if PROFILE
+#define PROFILE_AT(index)                                                                          \
+    do {                                                                                           \
+        if (blockIdx.x == 0 && threadIdx.x == 0) {                                                 \
+            unsigned long long t;                                                                  \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                  \
+            p.profile[index] = t;                                                                  \
+        }                                                                                          \
+    } while (0)
+#else
+#define PROFILE_AT(index) do { } while (0)
+#endif
+#define PHASE_END(layer, phase) PROFILE_AT((layer) * PHASES_PER_LAYER + (phase))
+// points inside phases, stored after the phase ends: [LAYERS * PHASES_PER_LAYER + layer * MARKS_PER_LAYER + mark]
+#define PHASE_MARK(layer, mark) PROFILE_AT(LAYERS * PHASES_PER_LAYER + (layer) * MARKS_PER_LAYER + (mark))
+
 // ---- grid barrier --------------------------------------------------------------------------
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
@@ -133,8 +152,11 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 // flips exactly when the last block arrives, whatever the order, and the counter needs no reset
 // between barriers or launches. Arrival releases the block's writes (after the block barrier),
 // the wait acquires everyone's.
-__device__ __forceinline__ void grid_sync(unsigned* bar) {
+// (with PROFILE, mark `arrived` records when the whole block has arrived)
+__device__ __forceinline__ void grid_sync(const Params& p, int layer, int arrived) {
+    unsigned* bar = p.barrier;
     __syncthreads();
+    PHASE_MARK(layer, arrived);
     if (threadIdx.x == 0) {
         const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
         unsigned old;
@@ -165,12 +187,8 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     } while (!done);
 }
 
-// copies rows [first, first + rows) of a [*, row_elems] matrix to shared memory at dst (one
-// thread; pieces of at most 32 KB); the mbarrier completes once all expected bytes arrived
-__device__ __forceinline__ void bulk_rows(unsigned dst, const bf16* src, int first, int rows, int row_elems, unsigned bar) {
-    const char* from = (const char*)(src + (long long)first * row_elems);
-    unsigned bytes = (unsigned)(rows * row_elems * 2);
-    while (bytes) {
+__device__ __forceinline__ void bulk_bytes(unsigned dst, const char* from, unsigned bytes, unsigned bar) {
+    while (bytes) {  // pieces of at most 32 KB
         const unsigned piece = bytes < 32768u ? bytes : 32768u;
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                      :: "r"(dst), "l"(from), "r"(piece), "r"(bar) : "memory");
@@ -188,27 +206,28 @@ __device__ __forceinline__ void expect_bytes(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ int share_begin(int n) { return (int)(((long long)blockIdx.x * n) / gridDim.x); }
 __device__ __forceinline__ int share_end(int n) { return (int)(((long long)(blockIdx.x + 1) * n) / gridDim.x); }
 
-// The MLP slices of layer `layer` into shared memory (every thread calls these; thread 0 hands
-// them to the bulk-copy engine): gate rows then up rows in X, down rows in Y.
+// The MLP slices of layer `layer` into shared memory (every thread calls these; ISSUER hands them
+// to the copy engine, after this block's earlier reads of the region): gate rows then up rows in
+// X, down rows in Y.
 __device__ __forceinline__ void load_gate_up(const Params& p, int layer, unsigned x_smem, unsigned x_bar) {
+    if (threadIdx.x != ISSUER) return;
     const bf16* w = p.layers[layer].gate_up;
     const int i0 = share_begin(INTER), ni = share_end(INTER) - i0;
-    if (threadIdx.x == 0) {
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // this block's reads of X are done
-        expect_bytes(x_bar, (unsigned)(2 * ni * HIDDEN * 2));
-        bulk_rows(x_smem, w, i0, ni, HIDDEN, x_bar);
-        bulk_rows(x_smem + ni * HIDDEN * 2, w, INTER + i0, ni, HIDDEN, x_bar);
-    }
+    const unsigned bytes = (unsigned)(ni * HIDDEN * 2);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    expect_bytes(x_bar, 2 * bytes);
+    bulk_bytes(x_smem, (const char*)(w + (long long)i0 * HIDDEN), bytes, x_bar);
+    bulk_bytes(x_smem + bytes, (const char*)(w + (long long)(INTER + i0) * HIDDEN), bytes, x_bar);
 }
 
 __device__ __forceinline__ void load_down(const Params& p, int layer, unsigned y_smem, unsigned y_bar) {
+    if (threadIdx.x != ISSUER) return;
     const bf16* w = p.layers[layer].down;
     const int d0 = share_begin(HIDDEN), nd = share_end(HIDDEN) - d0;
-    if (threadIdx.x == 0) {
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        expect_bytes(y_bar, (unsigned)(nd * INTER * 2));
-        bulk_rows(y_smem, w, d0, nd, INTER, y_bar);
-    }
+    const unsigned bytes = (unsigned)(nd * INTER * 2);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    expect_bytes(y_bar, bytes);
+    bulk_bytes(y_smem, (const char*)(w + (long long)d0 * INTER), bytes, y_bar);
 }
 
 // ---- block-wide pieces ---------------------------------------------------------------------
@@ -249,17 +268,40 @@ __device__ __forceinline__ int qkv_row(int u0, int nu, int warp) {
     return (unit / HALF) * HEAD_DIM + unit % HALF + (warp < nu ? 0 : HALF);
 }
 
-__device__ __forceinline__ void prefetch_qkv(const Params& p, int layer, uint2 (&wq)[KC_H]) {
+// the rows warp w multiplies in phase A: w, w + WARPS, ... of the block's 2 * nu
+__device__ __forceinline__ void load_qkv_rows(const Params& p, int layer, uint2 (&wq)[A_ROWS][KC_H]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int u0 = share_begin(QKV_UNITS), nu = share_end(QKV_UNITS) - u0;
-    if (warp < 2 * nu) {
-        const bf16* row = p.layers[layer].qkv + (long long)qkv_row(u0, nu, warp) * HIDDEN;
 #pragma unroll
-        for (int c = 0; c < KC_H; ++c) wq[c] = *(const uint2*)(row + (c * 32 + lane) * 4);
+    for (int k = 0; k < A_ROWS; ++k) {
+        const int r = warp + k * WARPS;
+        if (r < 2 * nu) {
+            const bf16* row = p.layers[layer].qkv + (long long)qkv_row(u0, nu, r) * HIDDEN;
+#pragma unroll
+            for (int c = 0; c < KC_H; ++c) wq[k][c] = *(const uint2*)(row + (c * 32 + lane) * 4);
+        }
     }
 }
 
-__device__ __forceinline__ void prefetch_o(const Params& p, int layer, uint2 (&wo)[KC_Q]) {
+__device__ __forceinline__ void l2_prefetch(const void* line) { asm volatile("prefetch.global.L2 [%0];" :: "l"(line)); }
+
+#define LINES_H (HIDDEN * 2 / 128)  // 128-byte lines of a HIDDEN-wide bf16 row
+#define LINES_Q (Q_SIZE * 2 / 128)
+
+// this block's q/k/v rows of `layer` asked of L2 (a line a thread)
+__device__ __forceinline__ void prefetch_qkv_rows(const Params& p, int layer) {
+    const int u0 = share_begin(QKV_UNITS), nu = share_end(QKV_UNITS) - u0;
+    for (int i = threadIdx.x; i < 2 * nu * LINES_H; i += THREADS)
+        l2_prefetch((const char*)(p.layers[layer].qkv + (long long)qkv_row(u0, nu, i / LINES_H) * HIDDEN) + (i % LINES_H) * 128);
+}
+
+__device__ __forceinline__ void prefetch_o_rows(const Params& p, int layer) {
+    const int c0 = share_begin(HIDDEN), nc = share_end(HIDDEN) - c0;
+    const char* rows = (const char*)(p.layers[layer].o + (long long)c0 * Q_SIZE);
+    for (int i = threadIdx.x; i < nc * LINES_Q; i += THREADS) l2_prefetch(rows + i * 128);
+}
+
+__device__ __forceinline__ void load_o_rows(const Params& p, int layer, uint2 (&wo)[KC_Q]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c0 = share_begin(HIDDEN), nc = share_end(HIDDEN) - c0;
     if (warp < nc) {
@@ -269,30 +311,19 @@ __device__ __forceinline__ void prefetch_o(const Params& p, int layer, uint2 (&w
     }
 }
 
-#if PROFILE
-#define PROFILE_AT(index)                                                                          \
-    do {                                                                                           \
-        if (blockIdx.x == 0 && threadIdx.x == 0) {                                                 \
-            unsigned long long t;                                                                  \
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                  \
-            p.profile[index] = t;                                                                  \
-        }                                                                                          \
-    } while (0)
-#else
-#define PROFILE_AT(index) do { } while (0)
-#endif
-#define PHASE_END(layer, phase) PROFILE_AT((layer) * 5 + (phase))
-// points inside phases, stored after the phase ends: [LAYERS * 5 + layer * 8 + mark]
-#define PHASE_MARK(layer, mark) PROFILE_AT(LAYERS * 5 + (layer) * 8 + (mark))
+
+// the cache slot of token t (0 past t1)
+__device__ __forceinline__ long long token_slot(const Params& p, int t, int t1) {
+    return t < t1 ? p.block_table[t / KV_BLOCK] * KV_BLOCK + t % KV_BLOCK : 0;
+}
 
 // K and V of tokens [base, base + 16) (those before t1) of KV head g: lanes i and i + 16 take the
-// two halves of token i's key row, every lane two dims of each token's value row
-__device__ __forceinline__ void load_kv_tile(const Params& p, const bf16* kc, const bf16* vc, int g, int base, int t1,
+// two halves of token i's key row, every lane two dims of each token's value row; tslot is the
+// slot of the lane's token (token_slot of base + lane % 16)
+__device__ __forceinline__ void load_kv_tile(const bf16* kc, const bf16* vc, int g, int base, int t1, long long tslot,
                                              uint4 (&kr)[HEAD_DIM / 16], unsigned (&vr)[16]) {
     const int lane = threadIdx.x & 31, half = lane >> 4;
-    const int t = base + (lane & 15);
-    const bool valid = t < t1;
-    const long long tslot = valid ? p.block_table[t / KV_BLOCK] * KV_BLOCK + t % KV_BLOCK : 0;
+    const bool valid = base + (lane & 15) < t1;
     const bf16* krow = kc + (tslot * KV_HEADS + g) * HEAD_DIM + half * (HEAD_DIM / 2);
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 16; ++i) kr[i] = valid ? ldcg_u4(krow + 8 * i) : make_uint4(0, 0, 0, 0);
@@ -328,8 +359,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
     __syncthreads();
     load_gate_up(p, 0, x_smem, x_bar);
     load_down(p, 0, y_smem, y_bar);
-    uint2 wq[KC_H], wo[KC_Q];
-    prefetch_qkv(p, 0, wq);
+    uint2 wq[A_ROWS][KC_H], wo[KC_Q];
 
     const long long position = p.positions[0];
     const int context = (int)p.context_lens[0];
@@ -346,6 +376,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
     const int att_g = blockIdx.x / splits, att_t0 = (blockIdx.x % splits) * span;
     const int att_t1 = min(att_t0 + span, context);
     const int att_base = att_t0 + warp * 16;  // this warp's first 16 tokens
+    // the block table does not change during the step: the slot of this lane's token of its first
+    // tile, and of the token whose K (even threads) or V row this thread asks L2 for early
+    const long long first_slot = attends && warp < ATT_WARPS ? token_slot(p, att_base + (lane & 15), att_t1) : 0;
+    const int pf_token = att_t0 + threadIdx.x / 2;
+    const long long pf_slot = attends ? token_slot(p, pf_token, att_t1) : 0;
     // the rotary factors of this block's column pairs: one position for every layer
     float rot_cos = 1.f, rot_sin = 0.f;
     if (threadIdx.x < nu) {
@@ -358,6 +393,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
         const LayerWeights* lw = p.layers + layer;
         const unsigned parity = layer & 1;
         if (layer > 0) load_down(p, layer, y_smem, y_bar);  // Y was read in the last phase E
+        // the attention blocks ask L2 for their span's cached K/V rows, a line a thread
+        if (attends) {
+            const char* cache = (const char*)((threadIdx.x & 1 ? p.v_cache : p.k_cache) + layer * p.cache_layer_stride);
+            for (int t = pf_token; t < att_t1 && t < context - 1; t += THREADS / 2) {  // the newest token is written in this phase
+                const long long s = t == pf_token ? pf_slot : token_slot(p, t, att_t1);
+                l2_prefetch(cache + (s * KV_HEADS + att_g) * HEAD_DIM * 2);
+            }
+        }
 
         // ---- A: norm, q/k/v projection + bias, rotary, cache write
         float bias_lo = 0.f, bias_hi = 0.f;
@@ -369,17 +412,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
             bias_hi = bf(lw->qkv_bias[row + HALF]);
         }
 #endif
+        load_qkv_rows(p, layer, wq);  // from L2 (asked for in the last phase E)
+        prefetch_o_rows(p, layer);     // used in phase C
         norm_into(xs, p.resid, layer == 0 ? p.embeds : nullptr, lw->input_norm, p.eps, red);
         if (layer == 0)  // the residual stream starts as the embedding (this block's rows of it)
             for (int i = c0 + threadIdx.x; i < c0 + nc; i += THREADS) p.resid[i] = bf(p.embeds[i]);
         {
-            if (warp < 2 * nu) {
-                const float4* x4 = (const float4*)xs;
-                float d = 0.f;
 #pragma unroll
-                for (int c = 0; c < KC_H; ++c) d = dot4(wq[c], x4[c * 32 + lane], d);
-                d = warp_sum(d);
-                if (lane == 0) red[warp] = d;
+            for (int k = 0; k < A_ROWS; ++k) {
+                const int r = warp + k * WARPS;
+                if (r < 2 * nu) {
+                    const float4* x4 = (const float4*)xs;
+                    float d = 0.f;
+#pragma unroll
+                    for (int c = 0; c < KC_H; ++c) d = dot4(wq[k][c], x4[c * 32 + lane], d);
+                    d = warp_sum(d);
+                    if (lane == 0) red[r] = d;
+                }
             }
             __syncthreads();
             if (threadIdx.x < nu) {
@@ -403,13 +452,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 }
             }
         }
-        grid_sync(p.barrier);
+        grid_sync(p, layer, 8);
         PHASE_END(layer, 0);
 
         // ---- B: attention partials; block i < KV_HEADS * splits takes one KV head over one span of tokens
-        prefetch_o(p, layer, wo);  // used in phase C
         {
             const int item = blockIdx.x;
+            const bf16* kc = p.k_cache + layer * p.cache_layer_stride;
+            const bf16* vc = p.v_cache + layer * p.cache_layer_stride;
+            uint4 kr[HEAD_DIM / 16];
+            unsigned vr[16];
+            if (attends && warp < ATT_WARPS && att_base < att_t1) load_kv_tile(kc, vc, att_g, att_base, att_t1, first_slot, kr, vr);
+            PHASE_MARK(layer, 1);
             if (attends) {
                 const int g = att_g, t0 = att_t0, t1 = att_t1;
                 {
@@ -434,19 +488,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                         acc0[h] = 0.f;
                         acc1[h] = 0.f;
                     }
-                    // a warp takes 16 tokens at a time (load_kv_tile)
-                    const bf16* kc = p.k_cache + layer * p.cache_layer_stride;
-                    const bf16* vc = p.v_cache + layer * p.cache_layer_stride;
+                    // a warp takes 16 tokens at a time (load_kv_tile; the first tile's loads went out above)
                     const int half = lane >> 4;
                     for (int base = att_base; base < t1; base += ATT_WARPS * 16) {
                         const bool valid = base + (lane & 15) < t1;
-                        uint4 kr[HEAD_DIM / 16];
-                        unsigned vr[16];
-                        load_kv_tile(p, kc, vc, g, base, t1, kr, vr);
+                        if (base != att_base) load_kv_tile(kc, vc, g, base, t1, token_slot(p, base + (lane & 15), t1), kr, vr);
                         float sc[GROUP];
 #pragma unroll
                         for (int h = 0; h < GROUP; ++h) sc[h] = 0.f;
-                        if (base == t0) PHASE_MARK(layer, 1);
 #pragma unroll
                         for (int i = 0; i < HEAD_DIM / 16; ++i) {
                             const float k0 = bf_lo(kr[i].x), k1 = bf_hi(kr[i].x), k2 = bf_lo(kr[i].y), k3 = bf_hi(kr[i].y);
@@ -519,15 +568,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 }
             }
         }
-        grid_sync(p.barrier);
+        grid_sync(p, layer, 9);
         PHASE_END(layer, 1);
 
         // ---- C: combine the splits (every block, for all heads), o_proj of this block's rows, residual add
         {
+            load_o_rows(p, layer, wo);  // from L2 (asked for in phase A)
             // this block's residual rows, written by it in phase E (or A): stable until its own add below
             const float resid_row = warp < nc ? ldcg(p.resid + c0 + warp) : 0.f;
-            // every split's max and sum into shared memory, then each thread's outputs with all
-            // their loads issued at once (split count unrolled up to MAX_SPLITS)
+            // each thread's partial outputs of every split requested at once (split count unrolled
+            // up to MAX_SPLITS), then every split's max and sum into shared memory
+            float parts[Q_ITEMS][MAX_SPLITS];
+#pragma unroll
+            for (int j = 0; j < Q_ITEMS; ++j) {
+                const int i = threadIdx.x + j * THREADS;
+                const int head = i / HEAD_DIM, d = i % HEAD_DIM;
+                const int g = head / GROUP, h = head % GROUP;
+#pragma unroll
+                for (int s = 0; s < MAX_SPLITS; ++s)
+                    parts[j][s] = i < Q_SIZE && s < splits ? ldcg(p.part_acc + ((g * splits + s) * GROUP + h) * HEAD_DIM + d) : 0.f;
+            }
             float* split_m = merge_acc;
             float* split_l = merge_acc + KV_HEADS * MAX_SPLITS * GROUP;
             for (int i = threadIdx.x; i < KV_HEADS * splits * GROUP; i += THREADS) {
@@ -541,10 +601,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 if (i < Q_SIZE) {
                     const int head = i / HEAD_DIM, d = i % HEAD_DIM;
                     const int g = head / GROUP, h = head % GROUP;
-                    float parts[MAX_SPLITS];
-#pragma unroll
-                    for (int s = 0; s < MAX_SPLITS; ++s)
-                        parts[s] = s < splits ? ldcg(p.part_acc + ((g * splits + s) * GROUP + h) * HEAD_DIM + d) : 0.f;
                     float mx = NEG_INF;
                     for (int s = 0; s < splits; ++s) mx = fmaxf(mx, split_m[(g * splits + s) * GROUP + h]);
                     float a = 0.f, sum = 0.f;
@@ -553,7 +609,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                         if (s < splits) {
                             const int part = (g * splits + s) * GROUP + h;
                             const float f = __expf(split_m[part] - mx);
-                            a = fmaf(f, parts[s], a);
+                            a = fmaf(f, parts[j][s], a);
                             sum = fmaf(f, split_l[part], sum);
                         }
                     }
@@ -570,7 +626,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 if (lane == 0) p.resid[c0 + warp] = rbf(rbf(d) + resid_row);
             }
         }
-        grid_sync(p.barrier);
+        grid_sync(p, layer, 10);
         PHASE_END(layer, 2);
 
         // ---- D: norm, gate/up (from shared memory), SiLU gate
@@ -581,62 +637,79 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
             mbar_wait(x_bar, parity);
             PHASE_MARK(layer, 5);
             const float4* x4 = (const float4*)xs;
-            for (int r = warp; r < ni; r += WARPS) {
-                const bf16* gate_row = xw + r * HIDDEN;
-                const bf16* up_row = xw + (ni + r) * HIDDEN;
-                float gsum = 0.f, usum = 0.f;
+            // two rows a warp at a time (rows r and r + WARPS): four independent sums in flight
+#pragma unroll 1
+            for (int r = warp; r < ni; r += 2 * WARPS) {
+                const int r2 = r + WARPS < ni ? r + WARPS : r;
+                const bf16 *gate_a = xw + r * HIDDEN, *up_a = xw + (ni + r) * HIDDEN;
+                const bf16 *gate_b = xw + r2 * HIDDEN, *up_b = xw + (ni + r2) * HIDDEN;
+                float ga = 0.f, ua = 0.f, gb = 0.f, ub = 0.f;
 #pragma unroll
                 for (int c = 0; c < KC_H; ++c) {
                     const int k = (c * 32 + lane) * 4;
                     const float4 x = x4[c * 32 + lane];
-                    gsum = dot4(*(const uint2*)(gate_row + k), x, gsum);
-                    usum = dot4(*(const uint2*)(up_row + k), x, usum);
+                    ga = dot4(*(const uint2*)(gate_a + k), x, ga);
+                    ua = dot4(*(const uint2*)(up_a + k), x, ua);
+                    gb = dot4(*(const uint2*)(gate_b + k), x, gb);
+                    ub = dot4(*(const uint2*)(up_b + k), x, ub);
                 }
-                gsum = warp_sum(gsum);
-                usum = warp_sum(usum);
+                ga = warp_sum(ga);
+                ua = warp_sum(ua);
+                gb = warp_sum(gb);
+                ub = warp_sum(ub);
                 if (lane == 0) {
-                    const float gate = rbf(gsum), up = rbf(usum);
+                    float gate = rbf(ga), up = rbf(ua);
                     p.act[i0 + r] = to_bf(gate / (1.0f + __expf(-gate)) * up);
+                    if (r2 != r) {
+                        gate = rbf(gb);
+                        up = rbf(ub);
+                        p.act[i0 + r2] = to_bf(gate / (1.0f + __expf(-gate)) * up);
+                    }
                 }
             }
         }
-        grid_sync(p.barrier);
+        grid_sync(p, layer, 11);
         PHASE_END(layer, 3);
 
-        // ---- E: down_proj (from shared memory), residual add
-        if (layer + 1 < LAYERS) {
-            load_gate_up(p, layer + 1, x_smem, x_bar);  // X was read in phase D
-            prefetch_qkv(p, layer + 1, wq);
-        }
-        const float resid_row = threadIdx.x < nc ? ldcg(p.resid + c0 + threadIdx.x) : 0.f;  // written by this block in phase C
+        // ---- E: down_proj (from shared memory), residual add: the activation into shared memory
+        // (attention's merge space, free now), then one row a warp
         {
-            // a warp's (row, chunk) products: the activation's chunks requested together, then the weight from shared memory
-            uint4 av[E_ITEMS];
+            const float resid_row = lane == 0 && warp < nc ? ldcg(p.resid + c0 + warp) : 0.f;  // written by this block in phase C
+            uint4* act_s = (uint4*)merge_acc;
+            uint4 av[(INTER / 8 + THREADS - 1) / THREADS];
 #pragma unroll
-            for (int j = 0; j < E_ITEMS; ++j) {
-                const int it = warp + j * WARPS;
-                av[j] = it < nc * KC_I ? ldcg_u4(p.act + ((it % KC_I) * 32 + lane) * 8) : make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < (INTER / 8 + THREADS - 1) / THREADS; ++j) {
+                const int i = threadIdx.x + j * THREADS;
+                if (i < INTER / 8) av[j] = ldcg_u4(p.act + 8 * i);
             }
             PHASE_MARK(layer, 6);
+            if (layer + 1 < LAYERS) {
+                load_gate_up(p, layer + 1, x_smem, x_bar);  // X was read in phase D
+                prefetch_qkv_rows(p, layer + 1);
+            }
+#pragma unroll
+            for (int j = 0; j < (INTER / 8 + THREADS - 1) / THREADS; ++j) {
+                const int i = threadIdx.x + j * THREADS;
+                if (i < INTER / 8) act_s[i] = av[j];
+            }
             mbar_wait(y_bar, parity);
             PHASE_MARK(layer, 7);
+            __syncthreads();
+            if (warp < nc) {
+                // the row in 256-wide chunks, each summed across the warp, then the chunks in order
+                const uint4* w_row = (const uint4*)(yw + warp * INTER);
+                float part[KC_I];
 #pragma unroll
-            for (int j = 0; j < E_ITEMS; ++j) {
-                const int it = warp + j * WARPS;
-                if (it < nc * KC_I) {
-                    const int r = it / KC_I, k = ((it % KC_I) * 32 + lane) * 8;
-                    const float d = warp_sum(dot8(*(const uint4*)(yw + r * INTER + k), av[j], 0.f));
-                    if (lane == 0) red[it] = d;
-                }
+                for (int c = 0; c < KC_I; ++c) part[c] = dot8(w_row[c * 32 + lane], act_s[c * 32 + lane], 0.f);
+#pragma unroll
+                for (int c = 0; c < KC_I; ++c) part[c] = warp_sum(part[c]);
+                float d = 0.f;
+#pragma unroll
+                for (int c = 0; c < KC_I; ++c) d += part[c];
+                if (lane == 0) p.resid[c0 + warp] = rbf(rbf(d) + resid_row);
             }
         }
-        __syncthreads();
-        if (threadIdx.x < nc) {
-            float d = 0.f;
-            for (int c = 0; c < KC_I; ++c) d += red[threadIdx.x * KC_I + c];
-            p.resid[c0 + threadIdx.x] = rbf(rbf(d) + resid_row);
-        }
-        grid_sync(p.barrier);
+        grid_sync(p, layer, 12);
         PHASE_END(layer, 4);
     }
 

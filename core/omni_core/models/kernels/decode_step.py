@@ -5,8 +5,9 @@ fused Triton path), and the step's time is their boundaries more than the weight
 each kernel's weight stream starts only when the kernel is scheduled. ``decode_step.cu`` runs the
 whole forward (every layer, the final norm) as one kernel with one block per multiprocessor and
 grid-wide barriers between a layer's phases; each block owns a fixed slice of every weight and
-requests it phases ahead (the MLP's slices by bulk copy into shared memory, q/k/v and o_proj into
-registers), so the weight stream runs under the barriers. Numerics follow the fused Triton path.
+requests it phases ahead (the MLP's slices by bulk copy into shared memory, q/k/v and o_proj
+rows, like the attention's cached K/V, by L2 prefetch), so the weight stream runs under the
+barriers. Numerics follow the fused Triton path.
 
 It applies to bf16 dense models without per-head q/k norms (Qwen2-style; not Qwen3, not MoE) on
 Hopper GPUs, with head size 64, hidden and q sizes multiples of 128 and an intermediate size a
@@ -32,12 +33,13 @@ from omni_core.models.kernels.launch import multiprocessors
 
 log = logging.getLogger(__name__)
 
-THREADS = 384  # 12 warps: 168 registers a thread (at 512 the attention phase spilled)
+THREADS = 256  # 8 warps: up to 255 registers a thread (at 384 threads, 168, and spills that stalled on pending loads)
 ATT_WARPS = 8  # warps of a block that read K/V in the attention phase
 MAX_SPLITS = 8  # attention spans per KV head at most (every block combines them all)
+MAX_QKV_ROWS_PER_WARP = 2  # q/k/v rows a warp holds in registers in the first phase
 TOKENS_PER_ITEM = 128  # fewest tokens one block's attention span takes (a multiple of 16)
 PHASES_PER_LAYER = 5  # decode_step.cu's PHASE_END points a layer
-MARKS_PER_LAYER = 8  # and its PHASE_MARK points (recorded with ``profile``)
+MARKS_PER_LAYER = 13  # and its PHASE_MARK points (recorded with ``profile``)
 SOURCE = Path(__file__).with_name("decode_step.cu")
 
 
@@ -63,10 +65,12 @@ class StepShape:
         x_bytes = 2 * rows_inter * self.hidden * 2
         y_bytes = rows_hidden * self.inter * 2
         warps = THREADS // 32
-        red = -(-(warps * (self.inter // 256) + warps) // 4) * 4
+        qkv_rows = 2 * -(-(self.heads + 2 * self.kv_heads) * self.head_dim // 2 // blocks)  # a block's q/k/v rows at most
+        a_rows = -(-qkv_rows // warps)
+        red = -(-(a_rows * warps) // 4) * 4
         scratch = max(self.hidden, self.heads * self.head_dim) + red + self.group * self.head_dim
-        scratch += 2 * ATT_WARPS * self.group + ATT_WARPS * self.group * self.head_dim
-        return {"X_BYTES": x_bytes, "Y_BYTES": y_bytes, "ROWS_HIDDEN": rows_hidden, "shared": 128 + x_bytes + y_bytes + 4 * scratch}
+        scratch += 2 * ATT_WARPS * self.group + max(ATT_WARPS * self.group * self.head_dim, self.inter // 2)  # merge space; the activation in E
+        return {"X_BYTES": x_bytes, "Y_BYTES": y_bytes, "A_ROWS": a_rows, "shared": 128 + x_bytes + y_bytes + 4 * scratch}
 
     def unsupported(self, blocks: int, shared_limit: int) -> str | None:
         q_size = self.heads * self.head_dim
@@ -76,7 +80,7 @@ class StepShape:
             return f"head size {self.head_dim} (the kernel takes 64)"
         if self.hidden % 128 or q_size % 128 or self.inter % 256 or self.heads % self.kv_heads:
             return f"hidden {self.hidden}, q size {q_size}, intermediate {self.inter}: need multiples of 128, 128, 256"
-        if -(-self.hidden // blocks) > warps or 2 * -(-units // blocks) > warps or self.kv_heads * MAX_SPLITS > blocks:
+        if -(-self.hidden // blocks) > warps or 2 * -(-units // blocks) > MAX_QKV_ROWS_PER_WARP * warps or self.kv_heads * MAX_SPLITS > blocks:
             return f"{blocks} multiprocessors are too few for hidden {self.hidden}"
         if self.group > 16 or 2 * self.kv_heads * MAX_SPLITS > ATT_WARPS * self.head_dim:
             return f"{self.group} query heads a KV head"
@@ -105,7 +109,8 @@ def _compiled(shape: StepShape, blocks: int, arch: str, profile: bool) -> bytes:
         "HIDDEN": shape.hidden, "HEADS": shape.heads, "KV_HEADS": shape.kv_heads, "HEAD_DIM": shape.head_dim, "INTER": shape.inter,
         "LAYERS": shape.layers, "KV_BLOCK": shape.kv_block, "HAS_BIAS": int(shape.has_bias), "THREADS": THREADS,
         "ATT_WARPS": ATT_WARPS, "MAX_SPLITS": MAX_SPLITS, "X_BYTES": layout["X_BYTES"], "Y_BYTES": layout["Y_BYTES"],
-        "ROWS_HIDDEN": layout["ROWS_HIDDEN"], "PROFILE": int(profile),
+        "A_ROWS": layout["A_ROWS"], "PROFILE": int(profile),
+        "PHASES_PER_LAYER": PHASES_PER_LAYER, "MARKS_PER_LAYER": MARKS_PER_LAYER,
     }
     source = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE.read_text()
     cubin, _ = cuda_rtc.compile_source(source, arch, "decode_step.cu")
