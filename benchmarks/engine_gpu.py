@@ -103,15 +103,13 @@ MARKS = (  # (phase, mark) points inside phases that decode_step.cu records with
     (1, 0, "attention: q in shared memory"), (1, 1, "attention: K/V requested"), (1, 2, "attention: scores and softmax of the first span"),
     (1, 3, "attention: spans done"), (3, 4, "gate/up: norm done"), (3, 5, "gate/up: weight slice in shared memory"),
     (4, 6, "down_proj: activation requested"), (4, 7, "down_proj: weight slice in shared memory"),
-    (0, 8, "q/k/v: block at the barrier"), (1, 9, "attention: block at the barrier"), (2, 10, "combine + o_proj: block at the barrier"),
-    (3, 11, "gate/up: block at the barrier"), (4, 12, "down_proj: block at the barrier"),
 )
 
 
 def decode_step_phases(path: str, context: int, steps: int, vocab: int) -> None:
-    """Mean us of each phase of a layer of the one-kernel batch-1 decode, and of points inside
-    phases from their start (layers 1 on: layer 0's first phase has no start mark), over
-    ``steps`` eager engine steps."""
+    """Mean us of each phase of a layer of the one-kernel batch-1 decode, of points inside phases
+    and of the blocks' arrivals at the barrier that ends each phase, from the phase's start
+    (layers 1 on: layer 0's first phase has no start mark), over ``steps`` eager engine steps."""
     os.environ[DECODE_STEP_ENV] = "1"
     engine = build_engine(path, (1,), "triton", cuda_graphs=False, kv_cache_bytes=2 << 30)
     gen = torch.Generator().manual_seed(0)
@@ -123,22 +121,28 @@ def decode_step_phases(path: str, context: int, steps: int, vocab: int) -> None:
         return
     profiled = DecodeStepKernel(model, engine.runner.kv_caches, step.shape, step.kernel.device, step.blocks, profile=True)
     model._decode_step = (model._decode_step[0], profiled)
-    layers = step.shape.layers
-    totals = torch.zeros(layers * (PHASES_PER_LAYER + MARKS_PER_LAYER), dtype=torch.float64)
+    layers, blocks = step.shape.layers, step.blocks
+    n_ends, n_marks = layers * PHASES_PER_LAYER, layers * MARKS_PER_LAYER
+    totals = torch.zeros(n_ends + n_marks + 2 * n_ends, dtype=torch.float64)
     for _ in range(steps):
         engine.step()
         torch.cuda.synchronize()
-        totals += profiled.phase_ends.double().cpu()
+        record = profiled.phase_ends.cpu()
+        record = record - record[0]  # ns since layer 0's first phase ended (exact in int64)
+        arrivals = record[n_ends + n_marks :].view(n_ends, blocks)
+        totals += torch.cat([record[: n_ends + n_marks], arrivals[:, 0], arrivals.max(1).values]).double()
     mean = totals / steps
-    ends = mean[: layers * PHASES_PER_LAYER].view(layers, PHASES_PER_LAYER)
-    marks = mean[layers * PHASES_PER_LAYER :].view(layers, MARKS_PER_LAYER)
+    ends = mean[:n_ends].view(layers, PHASES_PER_LAYER)
+    marks = mean[n_ends : n_ends + n_marks].view(layers, MARKS_PER_LAYER)
+    first_in, last_in = mean[n_ends + n_marks :].view(2, layers, PHASES_PER_LAYER)
     starts = torch.cat([ends[:, 4:5].roll(1, 0), ends[:, :4]], dim=1)  # phase p of layer l starts when the one before ends
     phase_us = ((ends - starts)[1:] / 1e3).mean(0)
-    print("| phase | mean us a layer |")
-    print("| --- | --- |")
-    for name, us in zip(PHASES, phase_us.tolist(), strict=True):
-        print(f"| {name} | {us:.2f} |")
-    print(f"| layer | {phase_us.sum().item():.2f} |")
+    print("| phase | mean us a layer | block 0 at its barrier | last block at the barrier |")
+    print("| --- | --- | --- | --- |")
+    for p, name in enumerate(PHASES):
+        block0, last = (((t - starts)[1:, p] / 1e3).mean().item() for t in (first_in, last_in))
+        print(f"| {name} | {phase_us[p].item():.2f} | {block0:.2f} | {last:.2f} |")
+    print(f"| layer | {phase_us.sum().item():.2f} | | |")
     print("| point | us after its phase started |")
     print("| --- | --- |")
     for phase, mark, name in MARKS:

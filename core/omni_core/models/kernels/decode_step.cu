@@ -16,8 +16,9 @@
 //
 // Shape constants come from the host as macros: HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS,
 // KV_BLOCK, HAS_BIAS, THREADS, ATT_WARPS, MAX_SPLITS, A_ROWS (q/k/v rows a warp takes at most),
-// X_BYTES, Y_BYTES, PROFILE (1: block 0 records when phases end, points inside them and when the
-// block arrives at each barrier), PHASES_PER_LAYER and MARKS_PER_LAYER (the profile's layout).
+// X_BYTES, Y_BYTES, PROFILE (1: block 0 records when phases end and points inside them, every
+// block when it arrives at each barrier), PHASES_PER_LAYER and MARKS_PER_LAYER (the profile's
+// layout).
 // Compiled with NVRTC (no headers): bf16 values are handled as 16-bit integers.
 
 #define WARPS (THREADS / 32)
@@ -70,7 +71,7 @@ struct Params {
     float eps;
     float scale;
     int tokens_per_item;             // fewest tokens an attention block takes (a multiple of 16)
-    unsigned long long* profile;     // with PROFILE: [LAYERS * 5] phase end times (ns), then [LAYERS * 8] marks
+    unsigned long long* profile;     // with PROFILE (ns): [LAYERS, PHASES_PER_LAYER] phase ends, [LAYERS, MARKS_PER_LAYER] marks, [LAYERS, PHASES_PER_LAYER, blocks] arrivals
 };
 
 // ---- bf16 and memory helpers ---------------------------------------------------------------
@@ -122,23 +123,27 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// ---- profiling (PROFILE 1): the GPU's global timer on block 0, thread 0 ----------------------
+// ---- profiling (PROFILE 1): the GPU's global timer, on block 0's thread 0 (or each block's) ----
 
 #if PROFILE
-#define PROFILE_AT(index)                                                                          \
+#define PROFILE_BY(block, index)                                                                   \
     do {                                                                                           \
-        if (blockIdx.x == 0 && threadIdx.x == 0) {                                                 \
+        if (blockIdx.x == (block) && threadIdx.x == 0) {                                           \
             unsigned long long t;                                                                  \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                  \
             p.profile[index] = t;                                                                  \
         }                                                                                          \
     } while (0)
 #else
-#define PROFILE_AT(index) do { } while (0)
+#define PROFILE_BY(block, index) do { } while (0)
 #endif
+#define PROFILE_AT(index) PROFILE_BY(0, index)
 #define PHASE_END(layer, phase) PROFILE_AT((layer) * PHASES_PER_LAYER + (phase))
 // points inside phases, stored after the phase ends: [LAYERS * PHASES_PER_LAYER + layer * MARKS_PER_LAYER + mark]
 #define PHASE_MARK(layer, mark) PROFILE_AT(LAYERS * PHASES_PER_LAYER + (layer) * MARKS_PER_LAYER + (mark))
+// this block's arrival at the barrier that ends a phase, after the marks
+#define BARRIER_ARRIVAL(layer, phase) \
+    PROFILE_BY(blockIdx.x, LAYERS * (PHASES_PER_LAYER + MARKS_PER_LAYER) + ((layer) * PHASES_PER_LAYER + (phase)) * gridDim.x + blockIdx.x)
 
 // ---- grid barrier --------------------------------------------------------------------------
 
@@ -152,11 +157,11 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 // flips exactly when the last block arrives, whatever the order, and the counter needs no reset
 // between barriers or launches. Arrival releases the block's writes (after the block barrier),
 // the wait acquires everyone's.
-// (with PROFILE, mark `arrived` records when the whole block has arrived)
-__device__ __forceinline__ void grid_sync(const Params& p, int layer, int arrived) {
+// (with PROFILE, records when the whole block has arrived at the barrier that ends `phase`)
+__device__ __forceinline__ void grid_sync(const Params& p, int layer, int phase) {
     unsigned* bar = p.barrier;
     __syncthreads();
-    PHASE_MARK(layer, arrived);
+    BARRIER_ARRIVAL(layer, phase);
     if (threadIdx.x == 0) {
         const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
         unsigned old;
@@ -452,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 }
             }
         }
-        grid_sync(p, layer, 8);
+        grid_sync(p, layer, 0);
         PHASE_END(layer, 0);
 
         // ---- B: attention partials; block i < KV_HEADS * splits takes one KV head over one span of tokens
@@ -568,7 +573,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 }
             }
         }
-        grid_sync(p, layer, 9);
+        grid_sync(p, layer, 1);
         PHASE_END(layer, 1);
 
         // ---- C: combine the splits (every block, for all heads), o_proj of this block's rows, residual add
@@ -626,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 if (lane == 0) p.resid[c0 + warp] = rbf(rbf(d) + resid_row);
             }
         }
-        grid_sync(p, layer, 10);
+        grid_sync(p, layer, 2);
         PHASE_END(layer, 2);
 
         // ---- D: norm, gate/up (from shared memory), SiLU gate
@@ -668,7 +673,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 }
             }
         }
-        grid_sync(p, layer, 11);
+        grid_sync(p, layer, 3);
         PHASE_END(layer, 3);
 
         // ---- E: down_proj (from shared memory), residual add: the activation into shared memory
@@ -709,7 +714,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 if (lane == 0) p.resid[c0 + warp] = rbf(rbf(d) + resid_row);
             }
         }
-        grid_sync(p, layer, 12);
+        grid_sync(p, layer, 4);
         PHASE_END(layer, 4);
     }
 

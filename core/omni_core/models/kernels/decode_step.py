@@ -39,7 +39,7 @@ MAX_SPLITS = 8  # attention spans per KV head at most (every block combines them
 MAX_QKV_ROWS_PER_WARP = 2  # q/k/v rows a warp holds in registers in the first phase
 TOKENS_PER_ITEM = 128  # fewest tokens one block's attention span takes (a multiple of 16)
 PHASES_PER_LAYER = 5  # decode_step.cu's PHASE_END points a layer
-MARKS_PER_LAYER = 13  # and its PHASE_MARK points (recorded with ``profile``)
+MARKS_PER_LAYER = 8  # and its PHASE_MARK points (recorded with ``profile``)
 SOURCE = Path(__file__).with_name("decode_step.cu")
 
 
@@ -127,9 +127,9 @@ class DecodeStepKernel:
         layout = shape.layout(blocks)
         cubin = _compiled(shape, blocks, cuda_rtc.device_arch(device), profile)
         self.kernel = cuda_rtc.CudaKernel(cubin, "decode_step", device, layout["shared"])
-        # with ``profile``: when each phase of each layer ended on block 0, then the points inside
-        # phases, in ns of the GPU's global timer
-        marks = shape.layers * (PHASES_PER_LAYER + MARKS_PER_LAYER)
+        # with ``profile``: when each phase of each layer ended on block 0, the points inside
+        # phases, then when each block arrived at each barrier, in ns of the GPU's global timer
+        marks = shape.layers * (PHASES_PER_LAYER + MARKS_PER_LAYER + PHASES_PER_LAYER * blocks)
         self.phase_ends = torch.zeros(marks, dtype=torch.int64, device=device) if profile else None
         if self.kernel.blocks_per_multiprocessor(THREADS) < 1:
             raise cuda_rtc.CudaRtcError("the kernel does not fit on a multiprocessor")
