@@ -32,6 +32,7 @@
 #define KC_I (INTER / 256)   // 8-element chunks a lane takes of an INTER-wide row
 #define Q_ITEMS ((Q_SIZE + THREADS - 1) / THREADS)
 #define NORM_ITEMS ((HIDDEN + THREADS - 1) / THREADS)
+#define ACT_ITEMS ((INTER / 8 + THREADS - 1) / THREADS)  // 8-element chunks of the activation a thread copies in phase E
 #define QS_ITEMS ((GROUP * HEAD_DIM + THREADS - 1) / THREADS)
 #define RED_FLOATS ((A_ROWS * WARPS + 3) / 4 * 4)  // the norm's warp sums, then phase A's rows
 #define NEG_INF (-__int_as_float(0x7f800000))
@@ -211,28 +212,35 @@ __device__ __forceinline__ void expect_bytes(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ int share_begin(int n) { return (int)(((long long)blockIdx.x * n) / gridDim.x); }
 __device__ __forceinline__ int share_end(int n) { return (int)(((long long)(blockIdx.x + 1) * n) / gridDim.x); }
 
+// rows [first, first + rows) of a [*, row_elems] bf16 matrix to shared memory at dst; returns
+// the bytes. arm_region first: after this block's earlier reads of the region, the mbarrier expects
+// the region's bytes.
+__device__ __forceinline__ unsigned bulk_rows(unsigned dst, const bf16* w, int first, int rows, int row_elems, unsigned bar) {
+    const unsigned bytes = (unsigned)(rows * row_elems * 2);
+    bulk_bytes(dst, (const char*)(w + (long long)first * row_elems), bytes, bar);
+    return bytes;
+}
+
+__device__ __forceinline__ void arm_region(unsigned bar, unsigned bytes) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    expect_bytes(bar, bytes);
+}
+
 // The MLP slices of layer `layer` into shared memory (every thread calls these; ISSUER hands them
-// to the copy engine, after this block's earlier reads of the region): gate rows then up rows in
-// X, down rows in Y.
+// to the copy engine): gate rows then up rows in X, down rows in Y.
 __device__ __forceinline__ void load_gate_up(const Params& p, int layer, unsigned x_smem, unsigned x_bar) {
     if (threadIdx.x != ISSUER) return;
-    const bf16* w = p.layers[layer].gate_up;
     const int i0 = share_begin(INTER), ni = share_end(INTER) - i0;
-    const unsigned bytes = (unsigned)(ni * HIDDEN * 2);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    expect_bytes(x_bar, 2 * bytes);
-    bulk_bytes(x_smem, (const char*)(w + (long long)i0 * HIDDEN), bytes, x_bar);
-    bulk_bytes(x_smem + bytes, (const char*)(w + (long long)(INTER + i0) * HIDDEN), bytes, x_bar);
+    arm_region(x_bar, 2u * ni * HIDDEN * 2);
+    const unsigned gate_bytes = bulk_rows(x_smem, p.layers[layer].gate_up, i0, ni, HIDDEN, x_bar);
+    bulk_rows(x_smem + gate_bytes, p.layers[layer].gate_up, INTER + i0, ni, HIDDEN, x_bar);
 }
 
 __device__ __forceinline__ void load_down(const Params& p, int layer, unsigned y_smem, unsigned y_bar) {
     if (threadIdx.x != ISSUER) return;
-    const bf16* w = p.layers[layer].down;
     const int d0 = share_begin(HIDDEN), nd = share_end(HIDDEN) - d0;
-    const unsigned bytes = (unsigned)(nd * INTER * 2);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    expect_bytes(y_bar, bytes);
-    bulk_bytes(y_smem, (const char*)(w + (long long)d0 * INTER), bytes, y_bar);
+    arm_region(y_bar, (unsigned)(nd * INTER * 2));
+    bulk_rows(y_smem, p.layers[layer].down, d0, nd, INTER, y_bar);
 }
 
 // ---- block-wide pieces ---------------------------------------------------------------------
@@ -267,10 +275,10 @@ __device__ void norm_into(float* xs, const float* resid, const bf16* embeds, con
     __syncthreads();
 }
 
-// the row this warp multiplies in phase A: the lo or hi column of one of the block's pairs
-__device__ __forceinline__ int qkv_row(int u0, int nu, int warp) {
-    const int unit = u0 + (warp < nu ? warp : warp - nu);
-    return (unit / HALF) * HEAD_DIM + unit % HALF + (warp < nu ? 0 : HALF);
+// the block's q/k/v row r of 2 * nu: the lo (r < nu) or hi column of one of its column pairs
+__device__ __forceinline__ int qkv_row(int u0, int nu, int r) {
+    const int unit = u0 + (r < nu ? r : r - nu);
+    return (unit / HALF) * HEAD_DIM + unit % HALF + (r < nu ? 0 : HALF);
 }
 
 // the rows warp w multiplies in phase A: w, w + WARPS, ... of the block's 2 * nu
@@ -681,9 +689,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
         {
             const float resid_row = lane == 0 && warp < nc ? ldcg(p.resid + c0 + warp) : 0.f;  // written by this block in phase C
             uint4* act_s = (uint4*)merge_acc;
-            uint4 av[(INTER / 8 + THREADS - 1) / THREADS];
+            uint4 av[ACT_ITEMS];
 #pragma unroll
-            for (int j = 0; j < (INTER / 8 + THREADS - 1) / THREADS; ++j) {
+            for (int j = 0; j < ACT_ITEMS; ++j) {
                 const int i = threadIdx.x + j * THREADS;
                 if (i < INTER / 8) av[j] = ldcg_u4(p.act + 8 * i);
             }
@@ -693,7 +701,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) decode_step(const Param
                 prefetch_qkv_rows(p, layer + 1);
             }
 #pragma unroll
-            for (int j = 0; j < (INTER / 8 + THREADS - 1) / THREADS; ++j) {
+            for (int j = 0; j < ACT_ITEMS; ++j) {
                 const int i = threadIdx.x + j * THREADS;
                 if (i < INTER / 8) act_s[i] = av[j];
             }

@@ -74,17 +74,17 @@ class StepShape:
 
     def unsupported(self, blocks: int, shared_limit: int) -> str | None:
         q_size = self.heads * self.head_dim
-        units = (self.heads + 2 * self.kv_heads) * self.head_dim // 2
         warps = THREADS // 32
         if self.head_dim != 64:
             return f"head size {self.head_dim} (the kernel takes 64)"
         if self.hidden % 128 or q_size % 128 or self.inter % 256 or self.heads % self.kv_heads:
             return f"hidden {self.hidden}, q size {q_size}, intermediate {self.inter}: need multiples of 128, 128, 256"
-        if -(-self.hidden // blocks) > warps or 2 * -(-units // blocks) > MAX_QKV_ROWS_PER_WARP * warps or self.kv_heads * MAX_SPLITS > blocks:
+        layout = self.layout(blocks)
+        if -(-self.hidden // blocks) > warps or layout["A_ROWS"] > MAX_QKV_ROWS_PER_WARP or self.kv_heads * MAX_SPLITS > blocks:
             return f"{blocks} multiprocessors are too few for hidden {self.hidden}"
         if self.group > 16 or 2 * self.kv_heads * MAX_SPLITS > ATT_WARPS * self.head_dim:
             return f"{self.group} query heads a KV head"
-        shared = self.layout(blocks)["shared"]
+        shared = layout["shared"]
         if shared > shared_limit:
             return f"needs {shared} bytes of shared memory a block, the device has {shared_limit}"
         return None

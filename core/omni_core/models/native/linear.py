@@ -18,7 +18,7 @@ def _functions():
     pointer, integer = ctypes.c_void_p, ctypes.c_int64
     pack_fn = native.function("linear", "pack_linear_weight_f32", [pointer, integer, integer, pointer])
     multiply = native.function("linear", "linear_f32", [pointer, integer, integer, pointer, pointer, integer, pointer])
-    return None if pack_fn is None else (pack_fn, multiply)
+    return None if pack_fn is None or multiply is None else (pack_fn, multiply)
 
 
 def available() -> bool:
