@@ -15,12 +15,15 @@ import functools
 import glob
 import os
 import sys
+from pathlib import Path
 
 import torch
 
 NVRTC_ENV = "OMNI_NVRTC"
 FUNC_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+FUNC_PREFERRED_SHARED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 LAUNCH_ATTRIBUTE_COOPERATIVE = 2  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+LAUNCH_ATTRIBUTE_PROGRAMMATIC_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
 class CudaRtcError(RuntimeError):
@@ -91,6 +94,17 @@ def compile_source(source: str, arch: str, name: str = "kernel.cu", options: tup
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+COMMON_HEADER = Path(__file__).with_name("cuda_common.cuh")
+
+
+def compile_kernel(source: Path, defines: dict[str, int], arch: str) -> bytes:
+    """The cubin of kernel file ``source`` (in this package) for ``arch``, compiled after
+    ``#define`` lines for ``defines`` and the shared helpers of ``cuda_common.cuh``."""
+    text = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + COMMON_HEADER.read_text() + source.read_text()
+    cubin, _ = compile_source(text, arch, source.name)
+    return cubin
+
+
 def _nvrtc_check(lib, result: int, what: str) -> None:
     if result != 0:
         lib.nvrtcGetErrorString.restype = ctypes.c_char_p
@@ -133,7 +147,9 @@ def _make_current(device: torch.device) -> None:
 class CudaKernel:
     """One ``extern "C"`` kernel of a loaded cubin on one device."""
 
-    def __init__(self, cubin: bytes, name: str, device: torch.device, shared_bytes: int = 0):
+    def __init__(self, cubin: bytes, name: str, device: torch.device, shared_bytes: int = 0, max_shared_carveout: bool = False):
+        """``max_shared_carveout``: ask for a multiprocessor's whole shared memory (of what it
+        shares with L1), so that blocks of several such kernels fit on it at once."""
         torch.cuda.init()
         self.device = device
         _make_current(device)
@@ -145,6 +161,8 @@ class CudaKernel:
         self.shared_bytes = shared_bytes
         if shared_bytes > 48 * 1024:
             _check(lib.cuFuncSetAttribute(self._func, FUNC_MAX_DYNAMIC_SHARED, shared_bytes), "cuFuncSetAttribute")
+        if max_shared_carveout:
+            _check(lib.cuFuncSetAttribute(self._func, FUNC_PREFERRED_SHARED_CARVEOUT, 100), "cuFuncSetAttribute")
 
     def blocks_per_multiprocessor(self, threads: int) -> int:
         count = ctypes.c_int()
@@ -152,15 +170,18 @@ class CudaKernel:
                "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return count.value
 
-    def launch(self, grid: int, threads: int, params: ctypes.Structure, cooperative: bool = False) -> None:
+    def launch(self, grid: int, threads: int, params: ctypes.Structure, cooperative: bool = False, dependent: bool = False) -> None:
         """Launches on torch's current stream with ``params`` (one struct, passed by value).
-        ``cooperative``: all blocks resident at once, as a grid-wide barrier needs."""
+        ``cooperative``: all blocks resident at once, as a grid-wide barrier needs. ``dependent``:
+        programmatic dependent launch (the kernel may start before the one before it ends, and
+        waits for it with ``griddepcontrol.wait``)."""
         _make_current(self.device)
-        attrs = (_LaunchAttribute * 1)()
-        attrs[0].id = LAUNCH_ATTRIBUTE_COOPERATIVE
-        attrs[0].value = (1).to_bytes(4, "little") + bytes(60)
+        ids = [LAUNCH_ATTRIBUTE_COOPERATIVE] * cooperative + [LAUNCH_ATTRIBUTE_PROGRAMMATIC_SERIALIZATION] * dependent
+        attrs = (_LaunchAttribute * max(1, len(ids)))()
+        for attr, attr_id in zip(attrs, ids, strict=False):  # one spare entry when there are none
+            attr.id = attr_id
+            attr.value = (1).to_bytes(4, "little") + bytes(60)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        config = _LaunchConfig(grid, 1, 1, threads, 1, 1, self.shared_bytes, ctypes.c_void_p(stream),
-                               attrs if cooperative else None, 1 if cooperative else 0)
+        config = _LaunchConfig(grid, 1, 1, threads, 1, 1, self.shared_bytes, ctypes.c_void_p(stream), attrs if ids else None, len(ids))
         args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(params), ctypes.c_void_p))
         _check(driver().cuLaunchKernelEx(ctypes.byref(config), self._func, args, None), "cuLaunchKernelEx")

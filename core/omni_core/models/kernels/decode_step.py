@@ -112,9 +112,7 @@ def _compiled(shape: StepShape, blocks: int, arch: str, profile: bool) -> bytes:
         "A_ROWS": layout["A_ROWS"], "PROFILE": int(profile),
         "PHASES_PER_LAYER": PHASES_PER_LAYER, "MARKS_PER_LAYER": MARKS_PER_LAYER,
     }
-    source = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE.read_text()
-    cubin, _ = cuda_rtc.compile_source(source, arch, "decode_step.cu")
-    return cubin
+    return cuda_rtc.compile_kernel(SOURCE, defines, arch)
 
 
 class DecodeStepKernel:
