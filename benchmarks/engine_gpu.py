@@ -29,7 +29,7 @@ import time
 import torch
 import transformers
 from omni_core.models.attention import AttentionMetadata, SdpaBackend
-from omni_core.models.kernels import STAGED_MLP_ENV, fused_linear, launch, staged_mlp
+from omni_core.models.kernels import fused_linear, launch
 from omni_core.models.kernels.decode_step import (
     DECODE_STEP_ENV,
     MARKS_PER_LAYER,
@@ -352,53 +352,6 @@ def ab_table(path: str, spec: str, batches: list[int], attention: str, context: 
         for value, row in cells.items():
             print(f"| {b} | {value} | " + " | ".join(row) + " |", flush=True)
 
-STAMPS = ("start", "wait over", "weight in", "done")
-
-
-def staged_mlp_profile(path: str, context: int, steps: int, vocab: int) -> None:
-    """When the staged MLP kernels' blocks start, get past their wait, have their weight slice in
-    shared memory and finish (us from the first gate/up block's start; the first and the last
-    block of each; means over the middle layers of ``steps`` graph replays at batch 1): in the
-    engine's decode graph, and alone (the layers' MLPs back to back in a graph, nothing between)."""
-    os.environ[staged_mlp.PROFILE_ENV] = "1"
-    os.environ[STAGED_MLP_ENV] = "1"  # opt-in
-    engine = build_engine(path, (1,), "triton")
-    gen = torch.Generator().manual_seed(0)
-    start_decoding(engine, {"p": torch.randint(0, vocab, (context,), generator=gen).tolist()}, 0)
-    config = engine.model.config
-    built = staged_mlp.kernels_for(staged_mlp.MlpShape(config.hidden_size, config.intermediate_size, 1), torch.device("cuda", torch.cuda.current_device()))
-    if built is None or built.stamps is None:
-        print("the staged MLP does not apply here")
-        return
-    layers = config.num_hidden_layers
-    key = engine.runner._graph_key(1, len(engine.scheduler.running[0].block_table))
-    in_engine = engine.runner.graphs[key][0]
-    mlps = [layer.mlp for layer in engine.model.model.layers]
-    x = torch.randn(1, config.hidden_size, device="cuda", dtype=torch.bfloat16)
-    norm = engine.model.model.layers[0].post_attention_layernorm
-    alone = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(alone):
-        for mlp in mlps:
-            x, _ = staged_mlp.staged_mlp(x, x, norm.weight, norm.eps, mlp.gate_up_proj.weight, mlp.down_proj.weight)
-    print("| graph | kernel | stamp | first block us | last block us |")
-    print("| --- | --- | --- | --- | --- |")
-    for name, graph in (("engine", in_engine), ("alone", alone)):
-        total = torch.zeros(2, 4, 2, dtype=torch.float64)  # kernel, stamp, (first block, last block)
-        for _ in range(steps):
-            graph.replay()
-            torch.cuda.synchronize()
-            stamps = built.stamps.cpu()
-            order = stamps[:, 0, :, 0].min(1).values.argsort()[-layers:]  # the last replay's launches, in order
-            for slot in order[1:-1]:
-                t = stamps[slot] - stamps[slot, 0, :, 0].min()  # ns from the first gate/up block's start (exact in int64)
-                total += torch.stack([t.min(1).values, t.max(1).values], dim=-1).double()
-        mean = total / (steps * (layers - 2)) / 1e3
-        for k, kernel in enumerate(("gate/up", "down_proj")):
-            for i, stamp in enumerate(STAMPS):
-                print(f"| {name} | {kernel} | {stamp} | {mean[k, i, 0]:.2f} | {mean[k, i, 1]:.2f} |")
-    for rid in list(engine.requests):
-        engine.abort(rid)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -414,13 +367,12 @@ def main() -> None:
     parser.add_argument("--trace-batches", type=int, nargs="+", default=[1], help="the batch sizes --replay-trace traces")
     parser.add_argument("--step-gaps", metavar="DIR", help="also trace overlapped engine steps at batch 1 (last backend) into DIR and show what runs between replays")
     parser.add_argument("--decode-step-phases", type=int, metavar="N", help="only print the phases of the one-kernel batch-1 decode over N eager steps")
-    parser.add_argument("--staged-mlp-profile", type=int, metavar="N", help="only print when the staged MLP kernels' blocks start, wait, get their weight and finish, over N graph replays at batch 1")
     parser.add_argument("--ab", metavar="VAR=A|B", help="only time overlapped graph steps of engines built under each value of VAR ('|' between values), alternating (last --attention backend)")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s (read + write)")
-    if any(a.startswith("triton") for a in args.attention) and not (args.ab or args.staged_mlp_profile or args.decode_step_phases):
+    if any(a.startswith("triton") for a in args.attention) and not (args.ab or args.decode_step_phases):
         print()
         try:
             decode_attention_kernel_table(args.batches, args.context)
@@ -432,10 +384,6 @@ def main() -> None:
         if args.decode_step_phases:
             del hf
             decode_step_phases(tmp, args.context, args.decode_step_phases, args.vocab)
-            return
-        if args.staged_mlp_profile:
-            del hf
-            staged_mlp_profile(tmp, args.context, args.staged_mlp_profile, args.vocab)
             return
         if args.ab:
             del hf

@@ -118,14 +118,9 @@ class GatedMLP(nn.Module):
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
-    def forward_rows(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, staged: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_rows(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mlp(norm(x + residual)), x + residual)`` for few rows, in two fused kernels
-        (add + norm + gate/up projection + SiLU gate; down projection); with ``staged``, the
-        kernels that stage their weight in shared memory where they apply (``kernels.staged_mlp``)."""
-        if staged:
-            out = kernels.staged_decode_mlp(x, residual, norm.weight, norm.eps, self.gate_up_proj.weight, self.down_proj.weight)
-            if out is not None:
-                return out
+        (add + norm + gate/up projection + SiLU gate; down projection)."""
         act, residual = kernels.skinny_gated_linear(x, self.gate_up_proj.weight, residual, norm.weight, norm.eps)
         return kernels.skinny_linear(act, self.down_proj.weight), residual
 

@@ -27,13 +27,11 @@ class TritonPagedBackend:
     fuses_rotary = True
     fused_ops = True
 
-    def __init__(self, num_splits: int | None = None, fused_rows: bool = True, staged_mlp: bool | None = None):
+    def __init__(self, num_splits: int | None = None, fused_rows: bool = True):
         # num_splits: programs per (sequence, KV head) in decode; None picks from the grid size.
         # fused_rows: decode steps of few rows run the fused projection kernels (see fuses_decode_rows)
-        # staged_mlp: their MLP runs kernels.staged_mlp where it applies (None: $OMNI_STAGED_MLP, default off)
         self.num_splits = num_splits
         self.fused_rows = fused_rows
-        self.staged_mlp = kernels.staged_mlp_enabled() if staged_mlp is None else staged_mlp
         self.prefill = SdpaBackend()
 
     def prepare(self, meta: AttentionMetadata) -> None:

@@ -112,7 +112,7 @@ class QwenDecoderLayer(nn.Module):
                 x, residual = self.input_layernorm(x, residual, fused=fused)
             x = self.self_attn(x, rope, ctx)
         if decode_kernels and isinstance(self.mlp, GatedMLP):
-            return self.mlp.forward_rows(x, residual, self.post_attention_layernorm, staged=getattr(ctx.backend, "staged_mlp", False))
+            return self.mlp.forward_rows(x, residual, self.post_attention_layernorm)
         x, residual = self.post_attention_layernorm(x, residual, fused=fused)
         return self.mlp(x, fused=fused), residual
 

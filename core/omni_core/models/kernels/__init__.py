@@ -95,23 +95,6 @@ def qkv_rotary_store(x, qkv_weight, bias, cos, sin, slot_mapping, k_cache, v_cac
                 positions=positions)
 
 
-def staged_decode_mlp(x, residual, norm_weight, eps, gate_up_weight, down_weight):
-    """``(down(silu(g) * u), x + residual)`` of 1-2 decode rows with the weight staged in shared
-    memory, or None where that does not apply; see ``kernels.staged_mlp``."""
-    from omni_core.models.kernels.staged_mlp import staged_mlp as impl
-
-    return impl(x, residual, norm_weight, eps, gate_up_weight, down_weight)
-
-
-STAGED_MLP_ENV = "OMNI_STAGED_MLP"
-
-
-def staged_mlp_enabled() -> bool:
-    """Whether ``OMNI_STAGED_MLP=1`` lets the fused path's decode MLP use ``staged_decode_mlp``.
-    Off by default: on the H200 it was not faster at one row (docs/benchmarks.md)."""
-    return os.environ.get(STAGED_MLP_ENV, "0") == "1"
-
-
 def decode_step_kernel(model, kv_caches, block_size, device):
     """The one-kernel batch-1 decode forward of ``model`` over ``kv_caches``, or None where it does
     not apply; see ``kernels.decode_step``."""
@@ -135,7 +118,7 @@ def fuses_qkv_rotary(head_dim: int) -> bool:
 
 
 __all__ = [
-    "DECODE_STEP_ENV", "SKINNY_MAX_ROWS", "STAGED_MLP_ENV", "argmax", "decode_step_enabled", "decode_step_kernel", "fuses_qkv_rotary", "paged_decode_attention",
-    "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul", "skinny_gated_linear", "skinny_linear", "staged_decode_mlp", "staged_mlp_enabled", "triton_available",
+    "DECODE_STEP_ENV", "SKINNY_MAX_ROWS", "argmax", "decode_step_enabled", "decode_step_kernel", "fuses_qkv_rotary", "paged_decode_attention",
+    "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul", "skinny_gated_linear", "skinny_linear", "triton_available",
     "triton_unavailable_reason",
 ]

@@ -21,9 +21,7 @@ import torch
 
 NVRTC_ENV = "OMNI_NVRTC"
 FUNC_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-FUNC_PREFERRED_SHARED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 LAUNCH_ATTRIBUTE_COOPERATIVE = 2  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-LAUNCH_ATTRIBUTE_PROGRAMMATIC_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
 class CudaRtcError(RuntimeError):
@@ -147,9 +145,7 @@ def _make_current(device: torch.device) -> None:
 class CudaKernel:
     """One ``extern "C"`` kernel of a loaded cubin on one device."""
 
-    def __init__(self, cubin: bytes, name: str, device: torch.device, shared_bytes: int = 0, max_shared_carveout: bool = False):
-        """``max_shared_carveout``: ask for a multiprocessor's whole shared memory (of what it
-        shares with L1), so that blocks of several such kernels fit on it at once."""
+    def __init__(self, cubin: bytes, name: str, device: torch.device, shared_bytes: int = 0):
         torch.cuda.init()
         self.device = device
         _make_current(device)
@@ -161,8 +157,6 @@ class CudaKernel:
         self.shared_bytes = shared_bytes
         if shared_bytes > 48 * 1024:
             _check(lib.cuFuncSetAttribute(self._func, FUNC_MAX_DYNAMIC_SHARED, shared_bytes), "cuFuncSetAttribute")
-        if max_shared_carveout:
-            _check(lib.cuFuncSetAttribute(self._func, FUNC_PREFERRED_SHARED_CARVEOUT, 100), "cuFuncSetAttribute")
 
     def blocks_per_multiprocessor(self, threads: int) -> int:
         count = ctypes.c_int()
@@ -170,18 +164,15 @@ class CudaKernel:
                "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return count.value
 
-    def launch(self, grid: int, threads: int, params: ctypes.Structure, cooperative: bool = False, dependent: bool = False) -> None:
+    def launch(self, grid: int, threads: int, params: ctypes.Structure, cooperative: bool = False) -> None:
         """Launches on torch's current stream with ``params`` (one struct, passed by value).
-        ``cooperative``: all blocks resident at once, as a grid-wide barrier needs. ``dependent``:
-        programmatic dependent launch (the kernel may start before the one before it ends, and
-        waits for it with ``griddepcontrol.wait``)."""
+        ``cooperative``: all blocks resident at once, as a grid-wide barrier needs."""
         _make_current(self.device)
-        ids = [LAUNCH_ATTRIBUTE_COOPERATIVE] * cooperative + [LAUNCH_ATTRIBUTE_PROGRAMMATIC_SERIALIZATION] * dependent
-        attrs = (_LaunchAttribute * max(1, len(ids)))()
-        for attr, attr_id in zip(attrs, ids, strict=False):  # one spare entry when there are none
-            attr.id = attr_id
-            attr.value = (1).to_bytes(4, "little") + bytes(60)
+        attrs = (_LaunchAttribute * 1)()
+        attrs[0].id = LAUNCH_ATTRIBUTE_COOPERATIVE
+        attrs[0].value = (1).to_bytes(4, "little") + bytes(60)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        config = _LaunchConfig(grid, 1, 1, threads, 1, 1, self.shared_bytes, ctypes.c_void_p(stream), attrs if ids else None, len(ids))
+        config = _LaunchConfig(grid, 1, 1, threads, 1, 1, self.shared_bytes, ctypes.c_void_p(stream),
+                               attrs if cooperative else None, 1 if cooperative else 0)
         args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(params), ctypes.c_void_p))
         _check(driver().cuLaunchKernelEx(ctypes.byref(config), self._func, args, None), "cuLaunchKernelEx")
