@@ -18,7 +18,7 @@ program recomputes the norm of its rows (K values per row, from L2): cheaper tha
 kernel.
 
 The weight does not depend on the previous kernel, so a program requests its first weight tile
-before anything else, and each next tile while it multiplies the current one. On Hopper the
+(and the norm weight's) before anything else, and each next tile while it multiplies the current one. On Hopper the
 kernels take part in programmatic dependent launch (``kernels.launch``): a kernel lets the next
 one launch as soon as it starts (``early_launch``), so the next kernel's weight requests go out
 while this one still runs, and only its reads of x wait for this one to finish.
@@ -62,10 +62,16 @@ def _inv_rms(x_ptr, res_ptr, res_out_ptr, offs_m, M, K: tl.constexpr, stride_xm,
 
 
 @triton.jit
-def _input_row(x_ptr, res_ptr, norm_w_ptr, row, offs_k, M, K: tl.constexpr, stride_xm, stride_rm, inv_rms, out_dtype,
+def _norm_tile(norm_w_ptr, offs_k, K):
+    """The norm weight at ``offs_k`` as float32 (0 past K)."""
+    return tl.load(norm_w_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _input_row(x_ptr, res_ptr, w, row, offs_k, M, K: tl.constexpr, stride_xm, stride_rm, inv_rms, out_dtype,
                PROLOGUE: tl.constexpr):
     """Row ``row`` of prologue(x) at ``offs_k``, rounded to the weight's dtype as the unfused norm's
-    output is, as float32."""
+    output is, as float32; ``w``: the norm weight at ``offs_k`` (``_norm_tile``)."""
     mask = (offs_k < K) & (row < M)
     x = tl.load(x_ptr + row * stride_xm + offs_k, mask=mask, other=0.0)
     if PROLOGUE == 0:
@@ -73,7 +79,6 @@ def _input_row(x_ptr, res_ptr, norm_w_ptr, row, offs_k, M, K: tl.constexpr, stri
     if PROLOGUE == 2:
         r = tl.load(res_ptr + row * stride_rm + offs_k, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-    w = tl.load(norm_w_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
     return (x.to(tl.float32) * inv_rms * w).to(out_dtype).to(tl.float32)
 
 
@@ -84,15 +89,16 @@ def _weight_tile(w_ptr, rows, valid, stride_wn, offs_k, K: tl.constexpr):
 
 
 @triton.jit
-def _tile_product(acc_a, acc_b, wa, wb, offs_k, x_ptr, res_ptr, norm_w_ptr, pid_m, M, K: tl.constexpr, stride_xm, stride_rm,
+def _tile_product(acc_a, acc_b, wa, wb, offs_k, x_ptr, res_ptr, nw, pid_m, M, K: tl.constexpr, stride_xm, stride_rm,
                   inv_rms, w_dtype, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr):
-    """acc += each row of prologue(x) at ``offs_k`` times the weight tile(s) ``wa`` (and ``wb``)."""
+    """acc += each row of prologue(x) at ``offs_k`` times the weight tile(s) ``wa`` (and ``wb``);
+    ``nw``: the norm weight at ``offs_k``."""
     row_ids = tl.arange(0, BLOCK_M)
     wa_f = wa.to(tl.float32)
     wb_f = wb.to(tl.float32)
     for m in tl.static_range(BLOCK_M):
         inv = tl.sum(tl.where(row_ids == m, inv_rms, 0.0), axis=0)
-        xr = _input_row(x_ptr, res_ptr, norm_w_ptr, pid_m * BLOCK_M + m, offs_k, M, K, stride_xm, stride_rm, inv, w_dtype, PROLOGUE)
+        xr = _input_row(x_ptr, res_ptr, nw, pid_m * BLOCK_M + m, offs_k, M, K, stride_xm, stride_rm, inv, w_dtype, PROLOGUE)
         acc_a += tl.where((row_ids == m)[:, None], tl.sum(wa_f * xr[None, :], axis=1)[None, :], 0.0)
         if EPILOGUE != 0:
             acc_b += tl.where((row_ids == m)[:, None], tl.sum(wb_f * xr[None, :], axis=1)[None, :], 0.0)
@@ -136,13 +142,21 @@ def _skinny_linear_kernel(
     wb = wa
     if EPILOGUE != 0:
         wb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_k, MAIN_K)
-    if TAIL_K > 0:  # a compile-time branch: offs_t, ta and tb exist only with a tail
+    # and the norm weight: loaded after the wait, it was a round trip to memory between the norm's
+    # reduction and the first product
+    nw = tl.zeros([BLOCK_K], tl.float32)
+    if PROLOGUE != 0:
+        nw = _norm_tile(norm_w_ptr, offs_k, MAIN_K)
+    if TAIL_K > 0:  # a compile-time branch: offs_t, ta, tb and nt exist only with a tail
         offs_t = MAIN_K + tl.arange(0, TAIL_K)
         ta = _weight_tile(w_ptr, rows_a, valid_a, stride_wn, offs_t, K)
         if EPILOGUE != 0:
             tb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_t, K)
         else:
             tb = ta
+        nt = tl.zeros([TAIL_K], tl.float32)
+        if PROLOGUE != 0:
+            nt = _norm_tile(norm_w_ptr, offs_t, K)
     # nor do the bias, the rotary rows and the cache slots (written before the step's first kernel)
     m_mask = (offs_m < M)[:, None]
     bias_a = tl.zeros([BLOCK_N], tl.float32)
@@ -174,16 +188,20 @@ def _skinny_linear_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         next_wa = wa
         next_wb = wb
+        next_nw = nw
         if MAIN_K > BLOCK_K:  # more than one tile: request the next (all masked off after the last)
             next_wa = _weight_tile(w_ptr, rows_a, valid_a, stride_wn, offs_k + BLOCK_K, MAIN_K)
             if EPILOGUE != 0:
                 next_wb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_k + BLOCK_K, MAIN_K)
-        acc_a, acc_b = _tile_product(acc_a, acc_b, wa, wb, offs_k, x_ptr, res_ptr, norm_w_ptr, pid_m, M, K, stride_xm, stride_rm,
+            if PROLOGUE != 0:
+                next_nw = _norm_tile(norm_w_ptr, offs_k + BLOCK_K, MAIN_K)
+        acc_a, acc_b = _tile_product(acc_a, acc_b, wa, wb, offs_k, x_ptr, res_ptr, nw, pid_m, M, K, stride_xm, stride_rm,
                                      inv_rms, w_ptr.dtype.element_ty, PROLOGUE, EPILOGUE, BLOCK_M)
         wa = next_wa
         wb = next_wb
+        nw = next_nw
     if TAIL_K > 0:
-        acc_a, acc_b = _tile_product(acc_a, acc_b, ta, tb, offs_t, x_ptr, res_ptr, norm_w_ptr, pid_m, M, K, stride_xm, stride_rm,
+        acc_a, acc_b = _tile_product(acc_a, acc_b, ta, tb, offs_t, x_ptr, res_ptr, nt, pid_m, M, K, stride_xm, stride_rm,
                                      inv_rms, w_ptr.dtype.element_ty, PROLOGUE, EPILOGUE, BLOCK_M)
     if PDL and not EARLY_LAUNCH:
         tl.extra.cuda.gdc_launch_dependents()  # the weight is read: the next kernel may launch

@@ -1,0 +1,100 @@
+"""Machine code of the fused decode projections (``kernels/fused_linear.py``) for Hopper, without a
+GPU: each projection of a Qwen2-0.5B decode step at one row, compiled with the engine's tiles by
+Triton for sm_90a, specialized as a launch specializes it (16-byte aligned pointers, sizes and
+strides divisible by 16, one row), then disassembled with the ``nvdisasm`` Triton ships.
+
+For each: registers a thread, and the global loads before and after the wait for the previous
+kernel (``griddepcontrol.wait``, ``ACQBULK`` in the machine code). Everything that does not depend
+on the previous kernel (weight tiles, norm weight, bias, rotary rows, slots) should be before it;
+after it, only the previous kernel's outputs (x and the residual).
+
+    python benchmarks/fused_linear_sass.py
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from omni_core.models.kernels import fused_linear as fl
+from triton.backends.compiler import GPUTarget
+
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 896, 4864, 14, 2, 64
+TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def projection(K: int, block_n: int, prologue: int, epilogue: int, bias: bool, runtime: dict[str, int]) -> dict:
+    block_k, main_k, tail_k = fl._k_tiles(K, fl._block_k(K))
+    consts = dict(K=K, PROLOGUE=prologue, EPILOGUE=epilogue, HAS_BIAS=bias, BLOCK_M=1, BLOCK_N=block_n, BLOCK_K=block_k, MAIN_K=main_k,
+                  TAIL_K=tail_k, HALF=HEAD_DIM // 2 if epilogue == fl.EPILOGUE_ROTARY_KV else 16,
+                  ROPE_BY_POSITION=epilogue == fl.EPILOGUE_ROTARY_KV, PDL=True, EARLY_LAUNCH=True)
+    return {"consts": consts, "runtime": {"M": 1, **runtime}}
+
+
+PROJECTIONS = {
+    "norm + q/k/v + rotary + cache": projection(HIDDEN, fl.QKV_BLOCK_N, fl.PROLOGUE_ADD_NORM, fl.EPILOGUE_ROTARY_KV, True, dict(
+        n_cols=(HEADS + 2 * KV_HEADS) * HEAD_DIM, stride_xm=HIDDEN, stride_rm=HIDDEN, stride_rom=HIDDEN, stride_wn=HIDDEN, stride_om=HIDDEN,
+        stride_rope=HEAD_DIM, stride_cache_slot=KV_HEADS * HEAD_DIM, stride_cache_head=HEAD_DIM, num_q_heads=HEADS, num_kv_heads=KV_HEADS)),
+    "o_proj": projection(HEADS * HEAD_DIM, fl.LINEAR_BLOCK_N, fl.PROLOGUE_NONE, fl.EPILOGUE_STORE, False, dict(
+        n_cols=HIDDEN, stride_xm=HEADS * HEAD_DIM, stride_wn=HEADS * HEAD_DIM, stride_om=HIDDEN)),
+    "add + norm + gate/up + SiLU": projection(HIDDEN, 8, fl.PROLOGUE_ADD_NORM, fl.EPILOGUE_SILU_GATE, False, dict(
+        n_cols=INTER, second_offset=INTER, stride_xm=HIDDEN, stride_rm=HIDDEN, stride_rom=HIDDEN, stride_wn=HIDDEN, stride_om=INTER)),
+    "down_proj": projection(INTER, fl.LINEAR_BLOCK_N, fl.PROLOGUE_NONE, fl.EPILOGUE_STORE, False, dict(
+        n_cols=HIDDEN, stride_xm=INTER, stride_wn=INTER, stride_om=HIDDEN)),
+}
+
+
+def compile_cubin(config: dict) -> bytes:
+    fn = fl._skinny_linear_kernel
+    names = list(inspect.signature(fn.fn).parameters)
+    consts = dict(config["consts"])
+    signature, attrs = {}, {}
+    for i, name in enumerate(names):
+        if name in consts:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}.get(name, "*bf16")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            value = config["runtime"].get(name, 0)
+            signature[name] = "fp32" if name == "eps" else "i32"
+            if value == 1 and name != "eps":
+                consts[name], signature[name] = 1, "constexpr"
+            elif value and value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": True}).asm["cubin"]
+
+
+def tool(name: str, *args: str) -> str:
+    return subprocess.run([os.path.join(TOOLS, name), *args], capture_output=True, text=True, check=True).stdout
+
+
+def main() -> None:
+    print("| projection | registers | loads before the wait | loads after it |")
+    print("| --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, config in PROJECTIONS.items():
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(compile_cubin(config))
+            registers = re.search(r"REG:(\d+)", tool("cuobjdump", "--dump-resource-usage", path)).group(1)
+            code = [line for line in tool("nvdisasm", "-c", path).splitlines() if line.strip().startswith("/*")]
+            wait = next(i for i, line in enumerate(code) if "ACQBULK" in line)
+            loads = [(i, re.search(r"LDG\.E(\.\w+)*", line).group(0)) for i, line in enumerate(code) if "LDG" in line]
+
+            def summary(part):
+                kinds: dict[str, int] = {}
+                for _, kind in part:
+                    kinds[kind] = kinds.get(kind, 0) + 1
+                return ", ".join(f"{n} {k}" for k, n in kinds.items()) or "none"
+
+            print(f"| {name} | {registers} | {summary([x for x in loads if x[0] < wait])} | {summary([x for x in loads if x[0] > wait])} |")
+
+
+if __name__ == "__main__":
+    main()
