@@ -96,7 +96,7 @@ COMMON_HEADER = Path(__file__).with_name("cuda_common.cuh")
 
 
 def compile_kernel(source: Path, defines: dict[str, int], arch: str) -> bytes:
-    """The cubin of kernel file ``source`` (in this package) for ``arch``, compiled after
+    """The cubin of the kernel file ``source`` for ``arch``, compiled after
     ``#define`` lines for ``defines`` and the shared helpers of ``cuda_common.cuh``."""
     text = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + COMMON_HEADER.read_text() + source.read_text()
     cubin, _ = compile_source(text, arch, source.name)

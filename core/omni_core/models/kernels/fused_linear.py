@@ -18,10 +18,11 @@ program recomputes the norm of its rows (K values per row, from L2): cheaper tha
 kernel.
 
 The weight does not depend on the previous kernel, so a program requests its first weight tile
-(and the norm weight's) before anything else, and each next tile while it multiplies the current one. On Hopper the
-kernels take part in programmatic dependent launch (``kernels.launch``): a kernel lets the next
-one launch as soon as it starts (``early_launch``), so the next kernel's weight requests go out
-while this one still runs, and only its reads of x wait for this one to finish.
+(and the norm weight's) before anything else, and each next tile while it multiplies the current
+one. On Hopper the kernels take part in programmatic dependent launch (``kernels.launch``): a
+kernel lets the next one launch as soon as it starts (``early_launch``), so the next kernel's
+weight requests go out while this one still runs, and only its reads of x wait for this one to
+finish.
 """
 
 from __future__ import annotations
@@ -142,8 +143,8 @@ def _skinny_linear_kernel(
     wb = wa
     if EPILOGUE != 0:
         wb = _weight_tile(w_ptr, rows_b, valid_a, stride_wn, offs_k, MAIN_K)
-    # and the norm weight: loaded after the wait, it was a round trip to memory between the norm's
-    # reduction and the first product
+    # nor does the norm weight (read after the wait, it would put a round trip to memory between
+    # the norm's reduction and the first product)
     nw = tl.zeros([BLOCK_K], tl.float32)
     if PROLOGUE != 0:
         nw = _norm_tile(norm_w_ptr, offs_k, MAIN_K)
