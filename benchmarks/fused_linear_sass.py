@@ -41,6 +41,7 @@ PROJECTIONS = {
         stride_rope=HEAD_DIM, stride_cache_slot=KV_HEADS * HEAD_DIM, stride_cache_head=HEAD_DIM, num_q_heads=HEADS, num_kv_heads=KV_HEADS)),
     "o_proj": projection(HEADS * HEAD_DIM, fl.LINEAR_BLOCK_N, fl.PROLOGUE_NONE, fl.EPILOGUE_STORE, False, dict(
         n_cols=HIDDEN, stride_xm=HEADS * HEAD_DIM, stride_wn=HEADS * HEAD_DIM, stride_om=HIDDEN)),
+    # 8 column pairs: what fused_linear._gate_up_block_n picks at one row on the H200
     "add + norm + gate/up + SiLU": projection(HIDDEN, 8, fl.PROLOGUE_ADD_NORM, fl.EPILOGUE_SILU_GATE, False, dict(
         n_cols=INTER, second_offset=INTER, stride_xm=HIDDEN, stride_rm=HIDDEN, stride_rom=HIDDEN, stride_wn=HIDDEN, stride_om=INTER)),
     "down_proj": projection(INTER, fl.LINEAR_BLOCK_N, fl.PROLOGUE_NONE, fl.EPILOGUE_STORE, False, dict(

@@ -7,7 +7,8 @@
 //   register_stream:  every thread loads 16-byte vectors of the share, UNROLL independent loads
 //                     in flight a thread, and folds them into one register.
 //
-// Both leave a word per block in `sink`, so nothing they read is dead code.
+// Both leave a word per block in `sink`, so nothing they read is dead code. BLOCKS_PER_SM: the
+// blocks a multiprocessor the run asks for (it bounds register_stream's registers).
 
 struct StreamParams {
     const char* src;   // the blocks' shares, one after another
@@ -34,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bulk_stream(const StreamPa
     p.sink[blockIdx.x] = *(const unsigned*)(smem + 1024);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) register_stream(const StreamParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM) register_stream(const StreamParams p) {
     const long long share_vectors = p.share / 16;
     const uint4* base = (const uint4*)(p.src + blockIdx.x * p.share);
     unsigned acc = 0;

@@ -5,7 +5,9 @@ thread a block, up to STAGES pieces of PIECE bytes in flight) or 16-byte loads i
 
 Each launch reads a fresh 26 MB region of a 2 GB buffer (not in L2, which holds 50 MB); 40
 launches in a CUDA graph, replayed; microseconds a launch (a kernel boundary without programmatic
-dependent launch, about 1 us, included) and TB/s. The question it answers: whether one block a
+dependent launch, about 1 us, included) and TB/s; a configuration whose blocks do not fit a
+multiprocessor together is listed as such (the register kernel is compiled for the blocks a
+multiprocessor asked for, which caps its registers). The question it answers: whether one block a
 multiprocessor, staging its share in shared memory, can read at the rate the Triton projections'
 many programs reach (docs/benchmarks.md, "The MLP's weight staged in shared memory").
 
@@ -30,7 +32,9 @@ BULK = [  # (blocks a multiprocessor, stages, piece bytes)
     (1, 1, 32768), (1, 2, 32768), (1, 4, 32768), (1, 6, 32768), (1, 12, 16384), (1, 24, 8192), (1, 48, 4096),
     (2, 1, 32768), (2, 3, 32768), (2, 6, 16384),
 ]
-REGISTERS = [(blocks, unroll) for blocks in (1, 2, 4, 8) for unroll in (2, 4, 8)]  # (blocks a multiprocessor, loads in flight a thread)
+# (blocks a multiprocessor, loads in flight a thread): at 8 blocks the 32 registers a thread left
+# hold only 5 loads in flight (checked in the machine code), so 8 blocks take 2 and 4 only
+REGISTERS = [(blocks, unroll) for blocks in (1, 2, 4) for unroll in (2, 4, 8)] + [(8, 2), (8, 4)]
 
 
 class _StreamParams(ctypes.Structure):  # mirrors ``struct StreamParams`` in weight_stream_gpu.cu
@@ -38,7 +42,8 @@ class _StreamParams(ctypes.Structure):  # mirrors ``struct StreamParams`` in wei
 
 
 def kernel(name: str, defines: dict[str, int], shared: int, device: torch.device) -> cuda_rtc.CudaKernel:
-    cubin = cuda_rtc.compile_kernel(SOURCE, {"THREADS": THREADS, "STAGES": 1, "PIECE": 16, "UNROLL": 1, **defines}, cuda_rtc.device_arch(device))
+    cubin = cuda_rtc.compile_kernel(SOURCE, {"THREADS": THREADS, "STAGES": 1, "PIECE": 16, "UNROLL": 1, "BLOCKS_PER_SM": 1, **defines},
+                                    cuda_rtc.device_arch(device))
     return cuda_rtc.CudaKernel(cubin, name, device, shared)
 
 
@@ -58,6 +63,14 @@ def us_per_layer(k: cuda_rtc.CudaKernel, grid: int, share: int, buffer: torch.Te
     return time_cuda_ms(graph.replay, iters=10) * 1e3 / LAUNCHES
 
 
+def fits(k: cuda_rtc.CudaKernel, blocks: int, label: str) -> bool:
+    """Whether ``blocks`` blocks of ``k`` fit on a multiprocessor together (else the row says so)."""
+    resident = k.blocks_per_multiprocessor(THREADS)
+    if resident < blocks:
+        print(f"| {label} | {blocks} | - | only {resident} fit a multiprocessor | - |", flush=True)
+    return resident >= blocks
+
+
 def main() -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -70,15 +83,21 @@ def main() -> None:
         grid = blocks * sms
         share = LAYER_BYTES // grid // piece * piece
         k = kernel("bulk_stream", {"STAGES": stages, "PIECE": piece}, 1024 + stages * piece, device)
+        label = f"bulk copies into shared memory, {stages} x {piece // 1024} KB"
+        if not fits(k, blocks, label):
+            continue
         us = us_per_layer(k, grid, share, buffer, sink)
-        print(f"| bulk copies into shared memory, {stages} x {piece // 1024} KB | {blocks} | {stages * piece // 1024} KB | {us:.2f} | {grid * share / us / 1e6:.2f} |", flush=True)
+        print(f"| {label} | {blocks} | {stages * piece // 1024} KB | {us:.2f} | {grid * share / us / 1e6:.2f} |", flush=True)
     for blocks, unroll in REGISTERS:
         grid = blocks * sms
         step = THREADS * unroll * 16  # every thread's loads unconditional, so all UNROLL go out together
         share = LAYER_BYTES // grid // step * step
-        k = kernel("register_stream", {"UNROLL": unroll}, 0, device)
+        k = kernel("register_stream", {"UNROLL": unroll, "BLOCKS_PER_SM": blocks}, 0, device)
+        label = f"16-byte loads into registers, {unroll} a thread"
+        if not fits(k, blocks, label):
+            continue
         us = us_per_layer(k, grid, share, buffer, sink)
-        print(f"| 16-byte loads into registers, {unroll} a thread | {blocks} | {THREADS * unroll * 16 // 1024} KB | {us:.2f} | {grid * share / us / 1e6:.2f} |", flush=True)
+        print(f"| {label} | {blocks} | {THREADS * unroll * 16 // 1024} KB | {us:.2f} | {grid * share / us / 1e6:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
