@@ -27,14 +27,11 @@ class TritonPagedBackend:
     fuses_rotary = True
     fused_ops = True
 
-    def __init__(self, num_splits: int | None = None, fused_rows: bool = True, cluster_attention: bool | None = None):
+    def __init__(self, num_splits: int | None = None, fused_rows: bool = True):
         # num_splits: programs per (sequence, KV head) in decode; None picks from the grid size.
         # fused_rows: decode steps of few rows run the fused projection kernels (see fuses_decode_rows)
-        # cluster_attention: their one-sequence steps run kernels.cluster_decode_attention where it
-        # applies (None: $OMNI_CLUSTER_ATTENTION)
         self.num_splits = num_splits
         self.fused_rows = fused_rows
-        self.cluster_attention = kernels.cluster_attention_enabled() if cluster_attention is None else cluster_attention
         self.prefill = SdpaBackend()
 
     def prepare(self, meta: AttentionMetadata) -> None:

@@ -69,14 +69,6 @@ class QwenAttention(nn.Module):
         T = x.shape[0]
         k_cache, v_cache = ctx.kv_caches[self.layer_index]
         cos, sin, *positions = rope  # (cos rows, sin rows) or (cos table, sin table, positions)
-        if T == 1 and positions and getattr(ctx.backend, "cluster_attention", False):
-            meta = ctx.meta
-            out = kernels.cluster_decode_attention(
-                x, residual, norm.weight, norm.eps, self.qkv_proj.weight, self.qkv_proj.bias, cos, sin, positions[0], meta.slot_mapping,
-                k_cache, v_cache, meta.block_tables, meta.context_lens, self.num_heads, self.num_kv_heads, self.head_dim, meta.block_size,
-            )
-            if out is not None:  # norm through attention in one kernel (kernels.cluster_attention)
-                return kernels.skinny_linear(out[0], self.o_proj.weight), out[1]
         out = kernels.qkv_rotary_store(
             x, self.qkv_proj.weight, self.qkv_proj.bias, cos, sin, ctx.meta.slot_mapping, k_cache, v_cache,
             self.num_heads, self.num_kv_heads, self.head_dim, residual=residual, norm_weight=norm.weight, eps=norm.eps,

@@ -95,25 +95,6 @@ def qkv_rotary_store(x, qkv_weight, bias, cos, sin, slot_mapping, k_cache, v_cac
                 positions=positions)
 
 
-def cluster_decode_attention(x, residual, norm_weight, eps, qkv_weight, bias, cos, sin, positions, slots, k_cache, v_cache, block_tables, context_lens,
-                             num_heads, num_kv_heads, head_dim, block_size):
-    """``(attention output, x + residual)`` of one decode row in one kernel (norm, q/k/v, rotary,
-    cache write, paged attention), or None where that does not apply; see ``kernels.cluster_attention``."""
-    from omni_core.models.kernels.cluster_attention import cluster_attention as impl
-
-    return impl(x, residual, norm_weight, eps, qkv_weight, bias, cos, sin, positions, slots, k_cache, v_cache, block_tables, context_lens,
-                num_heads, num_kv_heads, head_dim, block_size)
-
-
-CLUSTER_ATTENTION_ENV = "OMNI_CLUSTER_ATTENTION"
-
-
-def cluster_attention_enabled() -> bool:
-    """Whether one-sequence decode steps on the fused path run ``cluster_decode_attention``
-    (``OMNI_CLUSTER_ATTENTION=1``)."""
-    return os.environ.get(CLUSTER_ATTENTION_ENV, "0") == "1"
-
-
 def decode_step_kernel(model, kv_caches, block_size, device):
     """The one-kernel batch-1 decode forward of ``model`` over ``kv_caches``, or None where it does
     not apply; see ``kernels.decode_step``."""
@@ -137,7 +118,7 @@ def fuses_qkv_rotary(head_dim: int) -> bool:
 
 
 __all__ = [
-    "CLUSTER_ATTENTION_ENV", "DECODE_STEP_ENV", "cluster_attention_enabled", "cluster_decode_attention", "SKINNY_MAX_ROWS", "argmax", "decode_step_enabled", "decode_step_kernel", "fuses_qkv_rotary", "paged_decode_attention",
+    "DECODE_STEP_ENV", "SKINNY_MAX_ROWS", "argmax", "decode_step_enabled", "decode_step_kernel", "fuses_qkv_rotary", "paged_decode_attention",
     "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul", "skinny_gated_linear", "skinny_linear", "triton_available",
     "triton_unavailable_reason",
 ]

@@ -21,11 +21,7 @@ import torch
 
 NVRTC_ENV = "OMNI_NVRTC"
 FUNC_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-FUNC_NON_PORTABLE_CLUSTER_SIZE = 14  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 LAUNCH_ATTRIBUTE_COOPERATIVE = 2  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-LAUNCH_ATTRIBUTE_PROGRAMMATIC_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-PORTABLE_CLUSTER_SIZE = 8  # larger clusters need the function's opt-in
 
 
 class CudaRtcError(RuntimeError):
@@ -160,7 +156,6 @@ class CudaKernel:
         self._func = ctypes.c_void_p()
         _check(lib.cuModuleGetFunction(ctypes.byref(self._func), self._module, name.encode()), f"cuModuleGetFunction({name})")
         self.shared_bytes = shared_bytes
-        self._non_portable = False  # cluster sizes past PORTABLE_CLUSTER_SIZE allowed
         if shared_bytes > 48 * 1024:
             _check(lib.cuFuncSetAttribute(self._func, FUNC_MAX_DYNAMIC_SHARED, shared_bytes), "cuFuncSetAttribute")
 
@@ -170,54 +165,15 @@ class CudaKernel:
                "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return count.value
 
-    def max_active_clusters(self, grid: int, threads: int, cluster: int) -> int:
-        """How many clusters of ``cluster`` blocks of this kernel the device can hold at once (0:
-        such a cluster does not fit)."""
-        count = ctypes.c_int()
-        config, _ = self._config(grid, threads, None, cluster=cluster)
-        _check(driver().cuOccupancyMaxActiveClusters(ctypes.byref(count), self._func, ctypes.byref(config)), "cuOccupancyMaxActiveClusters")
-        return count.value
-
-    def max_cluster_size(self, grid: int, threads: int) -> int:
-        """The largest cluster of this kernel's blocks the device would launch."""
-        count = ctypes.c_int()
-        config, _ = self._config(grid, threads, None)
-        _check(driver().cuOccupancyMaxPotentialClusterSize(ctypes.byref(count), self._func, ctypes.byref(config)), "cuOccupancyMaxPotentialClusterSize")
-        return count.value
-
-    def launch(self, grid: int, threads: int, params: ctypes.Structure, cooperative: bool = False, dependent: bool = False, cluster: int = 1) -> None:
+    def launch(self, grid: int, threads: int, params: ctypes.Structure, cooperative: bool = False) -> None:
         """Launches on torch's current stream with ``params`` (one struct, passed by value).
-        ``cooperative``: all blocks resident at once, as a grid-wide barrier needs. ``dependent``:
-        programmatic dependent launch (the kernel may start before the one before it ends, and
-        waits for it with ``griddepcontrol.wait``). ``cluster``: blocks a thread-block cluster."""
+        ``cooperative``: all blocks resident at once, as a grid-wide barrier needs."""
         _make_current(self.device)
+        attrs = (_LaunchAttribute * 1)()
+        attrs[0].id = LAUNCH_ATTRIBUTE_COOPERATIVE
+        attrs[0].value = (ctypes.c_ubyte * 64).from_buffer_copy((1).to_bytes(4, "little") + bytes(60))
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        config, _attrs = self._config(grid, threads, stream, cooperative, dependent, cluster)
+        config = _LaunchConfig(grid, 1, 1, threads, 1, 1, self.shared_bytes, ctypes.c_void_p(stream),
+                               attrs if cooperative else None, 1 if cooperative else 0)
         args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(params), ctypes.c_void_p))
         _check(driver().cuLaunchKernelEx(ctypes.byref(config), self._func, args, None), "cuLaunchKernelEx")
-
-    def _config(self, grid: int, threads: int, stream, cooperative: bool = False, dependent: bool = False, cluster: int = 1):
-        """The launch configuration and its attribute array (kept alive with it)."""
-        if cluster > PORTABLE_CLUSTER_SIZE and not self._non_portable:
-            _check(driver().cuFuncSetAttribute(self._func, FUNC_NON_PORTABLE_CLUSTER_SIZE, 1), "cuFuncSetAttribute")
-            self._non_portable = True
-        attrs, count = launch_attributes(cooperative, dependent, cluster)
-        config = _LaunchConfig(grid, 1, 1, threads, 1, 1, self.shared_bytes, ctypes.c_void_p(stream), attrs if count else None, count)
-        return config, attrs
-
-
-def launch_attributes(cooperative: bool = False, dependent: bool = False, cluster: int = 1):
-    """(``CUlaunchAttribute`` array, how many are set) for ``cuLaunchKernelEx``: a cooperative
-    launch, programmatic dependent launch, clusters of ``cluster`` blocks."""
-    values = []
-    if cooperative:
-        values.append((LAUNCH_ATTRIBUTE_COOPERATIVE, (1).to_bytes(4, "little")))
-    if dependent:
-        values.append((LAUNCH_ATTRIBUTE_PROGRAMMATIC_SERIALIZATION, (1).to_bytes(4, "little")))
-    if cluster > 1:
-        values.append((LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, b"".join(n.to_bytes(4, "little") for n in (cluster, 1, 1))))
-    attrs = (_LaunchAttribute * max(1, len(values)))()
-    for attr, (attr_id, value) in zip(attrs, values, strict=False):  # one spare entry when there are none
-        attr.id = attr_id
-        attr.value = (ctypes.c_ubyte * 64).from_buffer_copy(value + bytes(64 - len(value)))
-    return attrs, len(values)
