@@ -1,14 +1,16 @@
-"""Machine code of the fused decode projections (``kernels/fused_linear.py``) for Hopper, without a
-GPU: each projection of a Qwen2-0.5B decode step at one row, compiled with the engine's tiles by
+"""Machine code of the batch-1 decode kernels for Hopper, without a GPU: each fused projection
+(``kernels/fused_linear.py``) of a Qwen2-0.5B decode step at one row, compiled with the engine's tiles by
 Triton for sm_90a, specialized as a launch specializes it (16-byte aligned pointers, sizes and
 strides divisible by 16, one row), then disassembled with the ``nvdisasm`` Triton ships.
 
 For each: registers a thread, and the global loads before and after the wait for the previous
 kernel (``griddepcontrol.wait``, ``ACQBULK`` in the machine code). Everything that does not depend
 on the previous kernel (weight tiles, norm weight, bias, rotary rows, slots) should be before it;
-after it, only the previous kernel's outputs (x and the residual).
+after it, only the previous kernel's outputs (x and the residual). Then the step's two attention
+kernels at 1, 2 and 4 warps a program: registers, spills, instructions and block-wide barriers
+(their cross-warp reductions).
 
-    python benchmarks/fused_linear_sass.py
+    python benchmarks/decode_kernels_sass.py
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tempfile
 
 import triton
 from omni_core.models.kernels import fused_linear as fl
+from omni_core.models.kernels import paged_attention as pa
 from triton.backends.compiler import GPUTarget
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 896, 4864, 14, 2, 64
@@ -49,8 +52,23 @@ PROJECTIONS = {
 }
 
 
-def compile_cubin(config: dict) -> bytes:
-    fn = fl._skinny_linear_kernel
+# the attention kernels of the same step: 16 splits of a 1024-token block table, 7 query heads a KV head
+ATTENTION = {
+    "paged decode attention (16 splits)": dict(
+        fn=pa._paged_decode_kernel, floats=("scale",), pointers={"block_tables_ptr": "*i64", "context_lens_ptr": "*i64", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"},
+        consts=dict(GROUP=HEADS // KV_HEADS, GROUP_PAD=16, HEAD_DIM=HEAD_DIM, DIM_PAD=HEAD_DIM, KV_BLOCK=16, BLOCK_N=64, SPLIT=True, PRECISION="tf32", PDL=True),
+        runtime=dict(stride_qt=HEADS * HEAD_DIM, stride_qh=HEAD_DIM, stride_ot=HEADS * HEAD_DIM, stride_oh=HEAD_DIM, stride_cache_slot=KV_HEADS * HEAD_DIM,
+                     stride_cache_head=HEAD_DIM, stride_table=64, partition_size=64, num_splits=16, num_heads=HEADS)),
+    "combine of the splits": dict(
+        fn=pa._combine_splits_kernel, floats=(), pointers={"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"},
+        consts=dict(SPLITS_PAD=16, HEAD_DIM=HEAD_DIM, DIM_PAD=HEAD_DIM, PDL=True),
+        runtime=dict(stride_ot=HEADS * HEAD_DIM, stride_oh=HEAD_DIM, num_splits=16, num_heads=HEADS)),
+}
+
+
+def compile_cubin(config: dict, fn=fl._skinny_linear_kernel, pointers=None, floats=("eps",), num_warps: int = 4) -> bytes:
+    """``fn`` compiled for sm_90a, specialized as a launch with ``config``'s values specializes it."""
+    pointers = pointers or {"pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
     names = list(inspect.signature(fn.fn).parameters)
     consts = dict(config["consts"])
     signature, attrs = {}, {}
@@ -58,17 +76,26 @@ def compile_cubin(config: dict) -> bytes:
         if name in consts:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
-            signature[name] = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}.get(name, "*bf16")
+            signature[name] = pointers.get(name, "*bf16")
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             value = config["runtime"].get(name, 0)
-            signature[name] = "fp32" if name == "eps" else "i32"
-            if value == 1 and name != "eps":
+            signature[name] = "fp32" if name in floats else "i32"
+            if value == 1 and name not in floats:
                 consts[name], signature[name] = 1, "constexpr"
             elif value and value % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": True}).asm["cubin"]
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "launch_pdl": True}).asm["cubin"]
+
+
+def machine_code(cubin: bytes, tmp: str) -> tuple[str, list[str]]:
+    """(registers a thread, instruction lines) of ``cubin``."""
+    path = os.path.join(tmp, "k.cubin")
+    with open(path, "wb") as f:
+        f.write(cubin)
+    registers = re.search(r"REG:(\d+)", tool("cuobjdump", "--dump-resource-usage", path)).group(1)
+    return registers, [line for line in tool("nvdisasm", "-c", path).splitlines() if line.strip().startswith("/*")]
 
 
 def tool(name: str, *args: str) -> str:
@@ -80,11 +107,7 @@ def main() -> None:
     print("| --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for name, config in PROJECTIONS.items():
-            path = os.path.join(tmp, "k.cubin")
-            with open(path, "wb") as f:
-                f.write(compile_cubin(config))
-            registers = re.search(r"REG:(\d+)", tool("cuobjdump", "--dump-resource-usage", path)).group(1)
-            code = [line for line in tool("nvdisasm", "-c", path).splitlines() if line.strip().startswith("/*")]
+            registers, code = machine_code(compile_cubin(config), tmp)
             wait = next(i for i, line in enumerate(code) if "ACQBULK" in line)
             loads = [(i, re.search(r"LDG\.E(\.\w+)*", line).group(0)) for i, line in enumerate(code) if "LDG" in line]
 
@@ -95,6 +118,15 @@ def main() -> None:
                 return ", ".join(f"{n} {k}" for k, n in kinds.items()) or "none"
 
             print(f"| {name} | {registers} | {summary([x for x in loads if x[0] < wait])} | {summary([x for x in loads if x[0] > wait])} |")
+        print("\n| attention kernel | warps | registers | spilled bytes | instructions | block-wide barriers |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for name, spec in ATTENTION.items():
+            for warps in (1, 2, 4):
+                cubin = compile_cubin(spec, spec["fn"], spec["pointers"], spec["floats"], warps)
+                registers, code = machine_code(cubin, tmp)
+                stack = re.search(r"STACK:(\d+)", tool("cuobjdump", "--dump-resource-usage", os.path.join(tmp, "k.cubin"))).group(1)
+                barriers = sum("BAR.SYNC" in line for line in code)
+                print(f"| {name} | {warps} | {registers} | {stack} | {len(code)} | {barriers} |")
 
 
 if __name__ == "__main__":
