@@ -89,13 +89,14 @@ def compile_cubin(config: dict, fn=fl._skinny_linear_kernel, pointers=None, floa
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "launch_pdl": True}).asm["cubin"]
 
 
-def machine_code(cubin: bytes, tmp: str) -> tuple[str, list[str]]:
-    """(registers a thread, instruction lines) of ``cubin``."""
+def machine_code(cubin: bytes, tmp: str) -> tuple[str, str, list[str]]:
+    """(registers a thread, spilled bytes a thread, instruction lines) of ``cubin``."""
     path = os.path.join(tmp, "k.cubin")
     with open(path, "wb") as f:
         f.write(cubin)
-    registers = re.search(r"REG:(\d+)", tool("cuobjdump", "--dump-resource-usage", path)).group(1)
-    return registers, [line for line in tool("nvdisasm", "-c", path).splitlines() if line.strip().startswith("/*")]
+    usage = tool("cuobjdump", "--dump-resource-usage", path)
+    code = [line for line in tool("nvdisasm", "-c", path).splitlines() if line.strip().startswith("/*")]
+    return re.search(r"REG:(\d+)", usage).group(1), re.search(r"STACK:(\d+)", usage).group(1), code
 
 
 def tool(name: str, *args: str) -> str:
@@ -107,7 +108,7 @@ def main() -> None:
     print("| --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for name, config in PROJECTIONS.items():
-            registers, code = machine_code(compile_cubin(config), tmp)
+            registers, _, code = machine_code(compile_cubin(config), tmp)
             wait = next(i for i, line in enumerate(code) if "ACQBULK" in line)
             loads = [(i, re.search(r"LDG\.E(\.\w+)*", line).group(0)) for i, line in enumerate(code) if "LDG" in line]
 
@@ -122,9 +123,7 @@ def main() -> None:
         print("| --- | --- | --- | --- | --- | --- |")
         for name, spec in ATTENTION.items():
             for warps in (1, 2, 4):
-                cubin = compile_cubin(spec, spec["fn"], spec["pointers"], spec["floats"], warps)
-                registers, code = machine_code(cubin, tmp)
-                stack = re.search(r"STACK:(\d+)", tool("cuobjdump", "--dump-resource-usage", os.path.join(tmp, "k.cubin"))).group(1)
+                registers, stack, code = machine_code(compile_cubin(spec, spec["fn"], spec["pointers"], spec["floats"], warps), tmp)
                 barriers = sum("BAR.SYNC" in line for line in code)
                 print(f"| {name} | {warps} | {registers} | {stack} | {len(code)} | {barriers} |")
 
