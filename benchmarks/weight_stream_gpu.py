@@ -63,41 +63,37 @@ def us_per_layer(k: cuda_rtc.CudaKernel, grid: int, share: int, buffer: torch.Te
     return time_cuda_ms(graph.replay, iters=10) * 1e3 / LAUNCHES
 
 
-def fits(k: cuda_rtc.CudaKernel, blocks: int, label: str) -> bool:
-    """Whether ``blocks`` blocks of ``k`` fit on a multiprocessor together (else the row says so)."""
+def row(device: torch.device, label: str, name: str, defines: dict[str, int], shared: int, blocks: int, step: int, in_flight: int,
+        buffer: torch.Tensor, sink: torch.Tensor) -> None:
+    """One table row: kernel ``name`` at ``blocks`` blocks a multiprocessor, each reading a whole
+    number of ``step``-byte steps of the layer; or, where they do not fit a multiprocessor
+    together, a row saying so."""
+    k = kernel(name, defines, shared, device)
     resident = k.blocks_per_multiprocessor(THREADS)
     if resident < blocks:
         print(f"| {label} | {blocks} | - | only {resident} fit a multiprocessor | - |", flush=True)
-    return resident >= blocks
+        return
+    grid = blocks * torch.cuda.get_device_properties(device).multi_processor_count
+    share = LAYER_BYTES // grid // step * step
+    us = us_per_layer(k, grid, share, buffer, sink)
+    print(f"| {label} | {blocks} | {in_flight // 1024} KB | {us:.2f} | {grid * share / us / 1e6:.2f} |", flush=True)
 
 
 def main() -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     buffer = torch.randint(0, 255, (BUFFER_BYTES,), dtype=torch.uint8, device=device)
-    sink = torch.zeros(8 * sms, dtype=torch.int32, device=device)
+    sink = torch.zeros(max(b for b, *_ in BULK + REGISTERS) * sms, dtype=torch.int32, device=device)  # a word a block
     print(f"device: {torch.cuda.get_device_name()}, {sms} multiprocessors; {LAYER_BYTES / 1e6:.1f} MB a launch")
     print("| read | blocks a multiprocessor | in flight a block | us a launch | TB/s |")
     print("| --- | --- | --- | --- | --- |")
     for blocks, stages, piece in BULK:
-        grid = blocks * sms
-        share = LAYER_BYTES // grid // piece * piece
-        k = kernel("bulk_stream", {"STAGES": stages, "PIECE": piece}, 1024 + stages * piece, device)
-        label = f"bulk copies into shared memory, {stages} x {piece // 1024} KB"
-        if not fits(k, blocks, label):
-            continue
-        us = us_per_layer(k, grid, share, buffer, sink)
-        print(f"| {label} | {blocks} | {stages * piece // 1024} KB | {us:.2f} | {grid * share / us / 1e6:.2f} |", flush=True)
+        row(device, f"bulk copies into shared memory, {stages} x {piece // 1024} KB", "bulk_stream", {"STAGES": stages, "PIECE": piece},
+            1024 + stages * piece, blocks, piece, stages * piece, buffer, sink)
     for blocks, unroll in REGISTERS:
-        grid = blocks * sms
         step = THREADS * unroll * 16  # every thread's loads unconditional, so all UNROLL go out together
-        share = LAYER_BYTES // grid // step * step
-        k = kernel("register_stream", {"UNROLL": unroll, "BLOCKS_PER_SM": blocks}, 0, device)
-        label = f"16-byte loads into registers, {unroll} a thread"
-        if not fits(k, blocks, label):
-            continue
-        us = us_per_layer(k, grid, share, buffer, sink)
-        print(f"| {label} | {blocks} | {THREADS * unroll * 16 // 1024} KB | {us:.2f} | {grid * share / us / 1e6:.2f} |", flush=True)
+        row(device, f"16-byte loads into registers, {unroll} a thread", "register_stream", {"UNROLL": unroll, "BLOCKS_PER_SM": blocks}, 0,
+            blocks, step, step, buffer, sink)
 
 
 if __name__ == "__main__":

@@ -198,11 +198,9 @@ __device__ __forceinline__ void l2_prefetch(const void* line) { asm volatile("pr
 #define LINES_Q (Q_SIZE * 2 / 128)
 
 // this block's q/k/v rows of `layer` asked of L2 (a line a thread)
-// (by warps 1 on: it runs just before a grid barrier, whose arrival by thread 0 is a gpu-scope
-// release, MEMBAR.ALL.GPU in the machine code, which may wait for that thread's own requests)
 __device__ __forceinline__ void prefetch_qkv_rows(const Params& p, int layer) {
     const int u0 = share_begin(QKV_UNITS), nu = share_end(QKV_UNITS) - u0;
-    for (int i = threadIdx.x - 32; i >= 0 && i < 2 * nu * LINES_H; i += THREADS - 32)
+    for (int i = threadIdx.x; i < 2 * nu * LINES_H; i += THREADS)
         l2_prefetch((const char*)(p.layers[layer].qkv + (long long)qkv_row(u0, nu, i / LINES_H) * HIDDEN) + (i % LINES_H) * 128);
 }
 
