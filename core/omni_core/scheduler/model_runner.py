@@ -66,6 +66,12 @@ class ModelRunner:
         # a decode graph looks its tokens' embeddings up itself unless a hook may replace them
         self.embed_in_graph = "before_decode" not in hooks
         self.backend = resolve_attention_backend(backend, device)  # triton on CUDA when it imports, else sdpa
+        # a decode graph's argmax kernel also writes its tokens into the graph's input ids, so a
+        # greedy step launched ahead of the same graph needs no copy of them (a device copy cost 6
+        # us a batch-1 step on the H200); not where a hook reads ``batch.input_ids`` after the
+        # replay (``sample``, ``post_decode``), which would then see the new tokens
+        self.argmax_feeds_ids = getattr(self.backend, "fused_ops", False) and not {"sample", "post_decode"} & set(hooks)
+        self.ids_reused = 0  # graph steps that took their ids from the previous replay's argmax
         if device.type == "cpu":
             native.build_all()  # the host kernels compile here, not in the first request's step
             if not getattr(self.backend, "fused_ops", False):  # the fused kernels read the weights
@@ -282,12 +288,13 @@ class ModelRunner:
         return None
 
     def _static_inputs(self, size: int, width: int) -> dict[str, Any]:
-        """A graph's inputs. The integer ones are views of one buffer (``index``: positions, slots,
-        context lengths, token ids, then the block-table rows) that a step fills with one copy
-        from one of its two pinned host twins (``host_index``)."""
+        """A graph's inputs. The integer ones are views of one buffer (``index``: token ids,
+        positions, slots, context lengths, then the block-table rows) that a step fills with one
+        copy from one of its two pinned host twins (``host_index``); the ids come first, so a step
+        whose ids are already in place copies the rest."""
         dev, hidden = self.device, self.model.hidden_size
         index = torch.zeros(4 * size + size * width, dtype=torch.int64, device=dev)
-        positions, slots, context_lens, ids = index[: 4 * size].view(4, size).unbind(0)
+        ids, positions, slots, context_lens = index[: 4 * size].view(4, size).unbind(0)
         slots.fill_(self.scratch_slot)
         context_lens.fill_(1)
         return {
@@ -315,17 +322,23 @@ class ModelRunner:
         # the other may still be queued behind the step before it
         host = st["host_index"][st["host_turn"]]
         st["host_turn"] ^= 1
-        # padding rows: position 0, the scratch slot, context 1, token 0
-        host[: 4 * size] = torch.tensor(positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad + ids + [0] * pad)
+        # padding rows: token 0, position 0, the scratch slot, context 1
+        host[: 4 * size] = torch.tensor(ids + [0] * pad + positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad)
         # block-table entries past a row's length are never read (nor a padding row's past its
         # first): they may keep earlier steps' block ids, so only the used part is written
         used = max(len(s.block_table) for s in seqs)
         tables = host[4 * size :].view(size, width)
         tables[:n, :used] = torch.tensor([s.block_table + [0] * (used - len(s.block_table)) for s in seqs])
-        # one copy; the step's token sync orders the reuse of this host buffer two steps on
+        # one copy; the step's token sync orders the reuse of this host buffer two steps on. A
+        # step launched ahead of this graph's previous replay, on the same sequences and taking
+        # its argmax: that replay's argmax kernel wrote them into the ids already
         end = 4 * size + n * width
-        st["index"][:end].copy_(host[:end], non_blocking=True)
-        if ahead_ids is not None:
+        reused = self.argmax_feeds_ids and ahead_ids is not None and ahead_ids.data_ptr() == st["greedy"].data_ptr()
+        start = size if reused else 0
+        st["index"][start:end].copy_(host[start:end], non_blocking=True)
+        if reused:
+            self.ids_reused += 1
+        elif ahead_ids is not None:
             st["ids"][:n].copy_(ahead_ids)
         meta = AttentionMetadata(
             slot_mapping=st["slots"][:n],
@@ -355,7 +368,10 @@ class ModelRunner:
                 hidden = self.model(embeds, st["positions"], ctx)
                 logits = self.model.compute_logits(hidden)
                 # the fused backend's argmax kernel: torch's reduction cost 4x more at these sizes
-                greedy = kernels.argmax(logits) if getattr(self.backend, "fused_ops", False) else logits.argmax(dim=-1)
+                if getattr(self.backend, "fused_ops", False):
+                    greedy = kernels.argmax(logits, copy_to=st["ids"] if self.argmax_feeds_ids else None)
+                else:
+                    greedy = logits.argmax(dim=-1)
                 return embeds, hidden, logits, greedy
 
             with CUDA_GRAPH_CAPTURE_LOCK:

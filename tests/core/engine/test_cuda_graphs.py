@@ -67,3 +67,33 @@ def test_overlapped_graph_decode_matches_step_by_step(tiny_checkpoint):
         results[overlap] = run_all(engine)
         assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert results[True] == results[False]
+
+
+class RecentTokensSampler:
+    """A ``sample`` hook that reads only recent tokens (it may run ahead), then takes the argmax."""
+
+    samples_ahead = True
+
+    def sample(self, batch, logits):
+        batch.recent_tokens(2)
+        return logits.argmax(dim=-1)
+
+
+def test_greedy_steps_ahead_take_their_ids_from_the_previous_replay(tiny_checkpoint):
+    # the graph's argmax also writes the next replay's input ids: a greedy step launched ahead of
+    # the same graph copies nothing, and gives the step-by-step tokens
+    from omni_core.models import load_causal_lm
+
+    model = load_causal_lm(tiny_checkpoint[1], device="cuda", dtype=torch.float32)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (6, 21)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    runs = {}
+    for overlap in (False, True):
+        engine = AREngine(model, EngineConfig(block_size=16, num_kv_blocks=64, cuda_graph_sizes=(1, 2), overlap_decode=overlap), device="cuda")
+        runs[overlap] = [engine.generate([p], params)[0].token_ids for p in prompts] + [o.token_ids for o in engine.generate(prompts, params)]
+        assert engine.runner.argmax_feeds_ids and (engine.runner.ids_reused > 0) == overlap
+    assert runs[True] == runs[False]
+    hooked = AREngine(model, EngineConfig(block_size=16, num_kv_blocks=64, cuda_graph_sizes=(1, 2), overlap_decode=True), hooks=RecentTokensSampler(), device="cuda")
+    assert hooked.overlap_decode and not hooked.runner.argmax_feeds_ids  # the hook sees the step's own input ids
+    assert [o.token_ids for o in hooked.generate(prompts, params)] == runs[True][2:]

@@ -65,6 +65,8 @@ def test_argmax_takes_the_first_largest_logit(vocab, monkeypatch):
     assert got.dtype == torch.int64
     assert torch.equal(got, logits.argmax(dim=-1))
     assert kernels.argmax(logits[:0]).shape == (0,)
+    copy = torch.full((3,), -1, dtype=torch.int64, device=DEVICE)
+    assert torch.equal(kernels.argmax(logits, copy_to=copy), got) and torch.equal(copy, got)  # the same tokens stored twice
 
 
 # under the interpreter only small shapes: each program runs as Python

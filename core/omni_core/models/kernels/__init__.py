@@ -51,11 +51,12 @@ def rotary_store_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
     impl(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
 
 
-def argmax(logits):
-    """``logits.argmax(dim=-1)`` of [N, V] logits (the first index on ties); see ``kernels.greedy``."""
+def argmax(logits, copy_to=None):
+    """``logits.argmax(dim=-1)`` of [N, V] logits (the first index on ties), also stored into
+    ``copy_to`` when given; see ``kernels.greedy``."""
     from omni_core.models.kernels.greedy import argmax as impl
 
-    return impl(logits)
+    return impl(logits, copy_to)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, num_splits=None):

@@ -14,7 +14,7 @@ CHUNK = 4096
 
 
 @triton.jit
-def _argmax_kernel(logits_ptr, out_ptr, stride_row, vocab: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
+def _argmax_kernel(logits_ptr, out_ptr, copy_ptr, stride_row, vocab: tl.constexpr, CHUNK: tl.constexpr, COPY: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # see kernels.launch: the logits come from the previous kernel
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -29,15 +29,21 @@ def _argmax_kernel(logits_ptr, out_ptr, stride_row, vocab: tl.constexpr, CHUNK: 
         best_index = tl.where(better, start + index.to(tl.int64), best_index)
         best = tl.where(better, value, best)
     tl.store(out_ptr + row, best_index)
+    if COPY:
+        tl.store(copy_ptr + row, best_index)
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(dim=-1)`` for [N, V] logits with unit stride along V (int64 [N])."""
+def argmax(logits: torch.Tensor, copy_to: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` for [N, V] logits with unit stride along V (int64 [N]).
+    ``copy_to`` (int64, N contiguous): also stores the tokens there, from the same kernel."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError("argmax takes [N, V] logits with unit stride along V")
     n, vocab = logits.shape
+    if copy_to is not None and (copy_to.dtype != torch.int64 or copy_to.shape != (n,) or not copy_to.is_contiguous()):
+        raise ValueError(f"copy_to must be a contiguous int64 [{n}] tensor")
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n:
         pdl = launch_options(logits.device)
-        _argmax_kernel[(n,)](logits, out, logits.stride(0), vocab, CHUNK=min(CHUNK, triton.next_power_of_2(vocab)), PDL=pdl, launch_pdl=pdl)
+        _argmax_kernel[(n,)](logits, out, out if copy_to is None else copy_to, logits.stride(0), vocab, CHUNK=min(CHUNK, triton.next_power_of_2(vocab)),
+                             COPY=copy_to is not None, PDL=pdl, launch_pdl=pdl)
     return out
