@@ -6,9 +6,9 @@ strides divisible by 16, one row), then disassembled with the ``nvdisasm`` Trito
 For each: registers a thread, and the global loads before and after the wait for the previous
 kernel (``griddepcontrol.wait``, ``ACQBULK`` in the machine code). Everything that does not depend
 on the previous kernel (weight tiles, norm weight, bias, rotary rows, slots) should be before it;
-after it, only the previous kernel's outputs (x and the residual). Then the step's attention
-kernels at 1, 2 and 4 warps a program (o_proj with the splits' combine at 4 and 8): registers,
-spills, instructions and block-wide barriers (their cross-warp reductions).
+after it, only the previous kernel's outputs (x and the residual). Then the step's two attention
+kernels at 1, 2 and 4 warps a program: registers, spills, instructions and block-wide barriers
+(their cross-warp reductions).
 
     python benchmarks/decode_kernels_sass.py
 """
@@ -22,7 +22,6 @@ import subprocess
 import tempfile
 
 import triton
-from omni_core.models.kernels import combine_linear as cl
 from omni_core.models.kernels import fused_linear as fl
 from omni_core.models.kernels import paged_attention as pa
 from triton.backends.compiler import GPUTarget
@@ -64,12 +63,6 @@ ATTENTION = {
         fn=pa._combine_splits_kernel, floats=(), pointers={"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"},
         consts=dict(SPLITS_PAD=16, HEAD_DIM=HEAD_DIM, DIM_PAD=HEAD_DIM, PDL=True),
         runtime=dict(stride_ot=HEADS * HEAD_DIM, stride_oh=HEAD_DIM, num_splits=16, num_heads=HEADS)),
-    # what the fused path runs instead of the combine and o_proj (kernels/combine_linear.py)
-    "o_proj with the combine": dict(
-        fn=cl._combine_linear_kernel, floats=(), pointers={"part_ptr": "*fp32", "lse_ptr": "*fp32", "context_lens_ptr": "*i64"},
-        consts=dict(BLOCK_M=1, BLOCK_N=cl.BLOCK_N, HEADS_PAD=16, HEAD_DIM=HEAD_DIM, SPLITS_PAD=16, PDL=True),
-        runtime=dict(M=1, K=HEADS * HEAD_DIM, n_cols=HIDDEN, partition=64, num_splits=16, heads=HEADS, stride_wn=HEADS * HEAD_DIM, stride_om=HIDDEN),
-        warps=(4, 8)),
 }
 
 
@@ -129,7 +122,7 @@ def main() -> None:
         print("\n| attention kernel | warps | registers | spilled bytes | instructions | block-wide barriers |")
         print("| --- | --- | --- | --- | --- | --- |")
         for name, spec in ATTENTION.items():
-            for warps in spec.get("warps", (1, 2, 4)):
+            for warps in (1, 2, 4):
                 registers, stack, code = machine_code(compile_cubin(spec, spec["fn"], spec["pointers"], spec["floats"], warps), tmp)
                 barriers = sum("BAR.SYNC" in line for line in code)
                 print(f"| {name} | {warps} | {registers} | {stack} | {len(code)} | {barriers} |")

@@ -20,7 +20,6 @@ from omni_core.models import kernels
 from omni_core.models.attention import AttentionMetadata, SdpaBackend, store_kv
 
 BACKEND_ENV = "OMNI_ATTENTION_BACKEND"
-FOLD_COMBINE_ENV = "OMNI_FOLD_COMBINE"
 
 
 class TritonPagedBackend:
@@ -33,7 +32,6 @@ class TritonPagedBackend:
         # fused_rows: decode steps of few rows run the fused projection kernels (see fuses_decode_rows)
         self.num_splits = num_splits
         self.fused_rows = fused_rows
-        self.fold_combine = os.environ.get(FOLD_COMBINE_ENV, "1") != "0"
         self.prefill = SdpaBackend()
 
     def prepare(self, meta: AttentionMetadata) -> None:
@@ -54,16 +52,6 @@ class TritonPagedBackend:
         if q.stride(-1) != 1:
             q = q.contiguous()
         return kernels.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.block_size, scale, self.num_splits)
-
-    def attend_cached_output(self, q, k_cache, v_cache, meta, scale, weight):
-        """``attend_cached`` flattened to [B, H * D] and projected by ``weight`` (o_proj, no bias),
-        for decode rows on the fused kernels: the splits' combine runs in the projection's kernel
-        (``kernels.combine_linear``) unless ``OMNI_FOLD_COMBINE=0`` was set when the backend was made."""
-        if not self.fold_combine:
-            return kernels.skinny_linear(self.attend_cached(q, k_cache, v_cache, meta, scale).reshape(q.shape[0], -1), weight)
-        if q.stride(-1) != 1:
-            q = q.contiguous()
-        return kernels.attention_output(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.block_size, scale, weight, self.num_splits)
 
     def fuses_decode_rows(self, meta) -> bool:
         """Whether the step ``meta`` describes runs the fused projection kernels

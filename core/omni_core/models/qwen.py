@@ -64,8 +64,7 @@ class QwenAttention(nn.Module):
 
     def forward_decode(self, x, residual, norm: RMSNorm, rope, ctx: ForwardContext):
         """Decode rows with the fused kernels: norm (after the residual add) + q/k/v projection +
-        rotary + cache write in one kernel, attention over the cache and o_proj (the attention
-        splits' combine inside o_proj's kernel). Returns
+        rotary + cache write in one kernel, attention over the cache, then o_proj. Returns
         (o_proj output, residual stream)."""
         T = x.shape[0]
         k_cache, v_cache = ctx.kv_caches[self.layer_index]
@@ -76,8 +75,8 @@ class QwenAttention(nn.Module):
             positions=positions[0] if positions else None,
         )
         q, residual = out if residual is not None else (out, x)
-        q = q.view(T, self.num_heads, self.head_dim)
-        return ctx.backend.attend_cached_output(q, k_cache, v_cache, ctx.meta, self.head_dim**-0.5, self.o_proj.weight), residual
+        attn = ctx.backend.attend_cached(q.view(T, self.num_heads, self.head_dim), k_cache, v_cache, ctx.meta, self.head_dim**-0.5)
+        return kernels.skinny_linear(attn.reshape(T, -1), self.o_proj.weight), residual
 
 
 class QwenDecoderLayer(nn.Module):

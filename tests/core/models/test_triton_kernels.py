@@ -127,29 +127,6 @@ def test_paged_decode_attention(num_splits, heads, kv_heads, dim):
     torch.testing.assert_close(out.float(), ref, **TOL[DTYPE])
 
 
-@pytest.mark.parametrize("heads,kv_heads,dim", [(8, 2, 32), (6, 2, 24)] if INTERPRET else [(8, 2, 32), (6, 2, 24), (14, 2, 64)])
-def test_attention_output_combines_the_splits_inside_the_projection(heads, kv_heads, dim):
-    from omni_core.models.kernels.combine_linear import folds_combine
-
-    block_size, num_blocks, width = 16, 48, 10
-    k_cache, v_cache = randn(2, num_blocks * block_size, kv_heads, dim)
-    # one token (two splits past it, not read), a partial block, the full table
-    context_lens = torch.tensor([1, 37, width * block_size], device=DEVICE)
-    B = len(context_lens)
-    block_tables = torch.stack([torch.randperm(num_blocks, device=DEVICE)[:width] for _ in range(B)])
-    q = randn(B, heads, dim)
-    weight = randn(40, heads * dim)
-    scale = dim**-0.5
-    out = kernels.attention_output(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, weight, num_splits=3)
-    attn = reference_decode(q, k_cache, v_cache, block_tables, context_lens, block_size, scale).reshape(B, -1)
-    ref = attn.to(DTYPE).float() @ weight.float().T
-    assert folds_combine(heads, dim) == (dim != 24)  # a head size off a power of two takes the separate combine
-    assert out.dtype == DTYPE and out.shape == (B, 40)
-    # a sum over heads x head_dim products: the tolerance scales with the outputs' size
-    tol = TOL[DTYPE]["atol"] * ref.abs().max().item()
-    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
-
-
 class LogitRecorder(ARHooks):
     """Keeps every sampled row's logits per request, in step order."""
 

@@ -66,14 +66,6 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, bloc
     return impl(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, num_splits)
 
 
-def attention_output(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, weight, num_splits=None):
-    """``paged_decode_attention`` then its output projection ``weight`` (no bias), the splits'
-    combine folded into the projection where it fits; see ``kernels.combine_linear``."""
-    from omni_core.models.kernels.combine_linear import attention_output as impl
-
-    return impl(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, weight, num_splits)
-
-
 # decode rows up to this many run the fused linear kernels below; with more, torch's matmuls
 # (tensor cores) plus the separate norm / activation / rotary kernels were faster on the H200
 # (benchmarks/fused_linear_gpu.py: at 4 rows the gate/up projection took 16 us fused vs 7 us)
@@ -127,7 +119,7 @@ def fuses_qkv_rotary(head_dim: int) -> bool:
 
 
 __all__ = [
-    "DECODE_STEP_ENV", "SKINNY_MAX_ROWS", "argmax", "attention_output", "decode_step_enabled", "decode_step_kernel", "fuses_qkv_rotary", "paged_decode_attention",
+    "DECODE_STEP_ENV", "SKINNY_MAX_ROWS", "argmax", "decode_step_enabled", "decode_step_kernel", "fuses_qkv_rotary", "paged_decode_attention",
     "qkv_rotary_store", "rms_norm", "rotary_store_kv", "silu_mul", "skinny_gated_linear", "skinny_linear", "triton_available",
     "triton_unavailable_reason",
 ]

@@ -310,9 +310,7 @@ def tile_override(role: str, K: int) -> tuple[int | None, int | None, int | None
     (None: the default), for tuning on another GPU without editing code; read once per process.
     The variable holds ``role=block_n,num_warps,block_k[,early_launch]`` entries separated by
     ``;``, role being ``qkv``, ``gate_up``, ``linear`` or ``linear<K>`` (a plain linear of that
-    input size, e.g. ``linear4864``), or ``combine`` (o_proj with the attention splits' combine,
-    ``kernels.combine_linear``: block_n and num_warps only); 0 keeps a default size, and early
-    launch is 0 or 1:
+    input size, e.g. ``linear4864``); 0 keeps a default size, and early launch is 0 or 1:
     ``OMNI_FUSED_TILES="linear4864=2,4,4096;gate_up=16,4,512,0"``."""
     entries = {}
     for entry in filter(None, os.environ.get(TILES_ENV, "").split(";")):

@@ -11,8 +11,6 @@ width, and lengths are read from device tensors: the kernels can be captured in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -146,78 +144,6 @@ def default_num_splits(batch: int, kv_heads: int, width_tokens: int, device: tor
     return max(1, min(wanted, triton.cdiv(width_tokens, block_n)))
 
 
-@dataclass(frozen=True)
-class SplitParts:
-    """What the splits of a decode attention left for their combine: each (sequence, query head,
-    split)'s output, normalised within its split ([B, H, S, D] float32), and its log-sum-exp
-    ([B, H, S]; -inf for a split past the context); split ``s`` covers tokens ``[s * partition,
-    (s + 1) * partition)``."""
-
-    out: torch.Tensor
-    lse: torch.Tensor
-    partition: int
-    context_lens: torch.Tensor
-
-
-def decode_attention_parts(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_size: int,
-    scale: float,
-    num_splits: int | None = None,
-    block_n: int = 64,
-) -> torch.Tensor | SplitParts:
-    """The attention kernel of ``paged_decode_attention``: its output ([B, H, D]) when it runs in
-    one split, else the splits' ``SplitParts``, not yet combined."""
-    B, heads, dim = q.shape
-    kv_heads = k_cache.shape[1]
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads do not group over {kv_heads} KV heads")
-    if q.stride(2) != 1 or k_cache.stride(2) != 1 or k_cache.stride() != v_cache.stride():
-        raise ValueError("q and the caches need unit stride along head_dim, and both caches one layout")
-    group = heads // kv_heads
-    width_tokens = block_tables.shape[1] * block_size
-    if num_splits is None:
-        num_splits = default_num_splits(B, kv_heads, width_tokens, q.device, block_n)
-    partition = triton.cdiv(triton.cdiv(width_tokens, max(1, num_splits)), block_n) * block_n
-    num_splits = triton.cdiv(width_tokens, partition)
-    split = num_splits > 1 and B > 0
-    out = torch.empty(B, heads, dim, dtype=q.dtype, device=q.device)
-    if split:
-        parts = SplitParts(torch.empty(B, heads, num_splits, dim, dtype=torch.float32, device=q.device),
-                           torch.empty(B, heads, num_splits, dtype=torch.float32, device=q.device), partition, context_lens)
-        part_out, part_lse = parts.out, parts.lse
-    else:
-        part_out = part_lse = out  # unused
-    if B == 0:
-        return out
-    pdl = launch_options(q.device)
-    _paged_decode_kernel[(B, kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        scale, partition, num_splits, heads,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=dim, DIM_PAD=max(16, triton.next_power_of_2(dim)),
-        KV_BLOCK=block_size, BLOCK_N=block_n, SPLIT=split,
-        PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", PDL=pdl, launch_pdl=pdl,
-    )
-    return parts if split else out
-
-
-def combine_splits(parts: SplitParts, dtype: torch.dtype) -> torch.Tensor:
-    """The attention output ([B, H, D] in ``dtype``) from its splits' ``SplitParts``."""
-    B, heads, num_splits, dim = parts.out.shape
-    out = torch.empty(B, heads, dim, dtype=dtype, device=parts.out.device)
-    pdl = launch_options(out.device)
-    _combine_splits_kernel[(B, heads)](
-        parts.out, parts.lse, out, out.stride(0), out.stride(1), num_splits, heads,
-        SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=dim, DIM_PAD=triton.next_power_of_2(dim), PDL=pdl, launch_pdl=pdl,
-    )
-    return out
-
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -232,5 +158,39 @@ def paged_decode_attention(
     """q [B, H, D] (unit stride along D); caches [slots, KVH, D]; block_tables [B, W] (token
     ``i`` of sequence ``b`` is slot ``block_tables[b, i // block_size] * block_size + i % block_size``);
     context_lens [B] (>= 1). Returns [B, H, D] in q's dtype."""
-    out = decode_attention_parts(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, num_splits, block_n)
-    return combine_splits(out, q.dtype) if isinstance(out, SplitParts) else out
+    B, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads do not group over {kv_heads} KV heads")
+    if q.stride(2) != 1 or k_cache.stride(2) != 1 or k_cache.stride() != v_cache.stride():
+        raise ValueError("q and the caches need unit stride along head_dim, and both caches one layout")
+    group = heads // kv_heads
+    width_tokens = block_tables.shape[1] * block_size
+    if num_splits is None:
+        num_splits = default_num_splits(B, kv_heads, width_tokens, q.device, block_n)
+    partition = triton.cdiv(triton.cdiv(width_tokens, max(1, num_splits)), block_n) * block_n
+    num_splits = triton.cdiv(width_tokens, partition)
+    out = torch.empty(B, heads, dim, dtype=q.dtype, device=q.device)
+    if B == 0:
+        return out
+    split = num_splits > 1
+    pdl = launch_options(q.device)
+    if split:
+        part_out = torch.empty(B, heads, num_splits, dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(B, heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused
+    _paged_decode_kernel[(B, kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
+        scale, partition, num_splits, heads,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=dim, DIM_PAD=max(16, triton.next_power_of_2(dim)),
+        KV_BLOCK=block_size, BLOCK_N=block_n, SPLIT=split,
+        PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", PDL=pdl, launch_pdl=pdl,
+    )
+    if split:
+        _combine_splits_kernel[(B, heads)](
+            part_out, part_lse, out, out.stride(0), out.stride(1), num_splits, heads,
+            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=dim, DIM_PAD=triton.next_power_of_2(dim), PDL=pdl, launch_pdl=pdl,
+        )
+    return out
