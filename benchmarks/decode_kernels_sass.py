@@ -3,8 +3,9 @@
 Triton for sm_90a, specialized as a launch specializes it (16-byte aligned pointers, sizes and
 strides divisible by 16, one row), then disassembled with the ``nvdisasm`` Triton ships.
 
-For each: registers a thread, and the global loads before and after the wait for the previous
-kernel (``griddepcontrol.wait``, ``ACQBULK`` in the machine code). Everything that does not depend
+For each: registers a thread, the global loads before and after the wait for the previous
+kernel (``griddepcontrol.wait``, ``ACQBULK`` in the machine code), and the block-wide barriers
+after it (each cross-warp reduction or layout change passes through shared memory). Everything that does not depend
 on the previous kernel (weight tiles, norm weight, bias, rotary rows, slots) should be before it;
 after it, only the previous kernel's outputs (x and the residual). Then the step's two attention
 kernels at 1, 2 and 4 warps a program: registers, spills, instructions and block-wide barriers
@@ -104,8 +105,8 @@ def tool(name: str, *args: str) -> str:
 
 
 def main() -> None:
-    print("| projection | registers | loads before the wait | loads after it |")
-    print("| --- | --- | --- | --- |")
+    print("| projection | registers | loads before the wait | loads after it | block-wide barriers after it |")
+    print("| --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for name, config in PROJECTIONS.items():
             registers, _, code = machine_code(compile_cubin(config), tmp)
@@ -118,7 +119,8 @@ def main() -> None:
                     kinds[kind] = kinds.get(kind, 0) + 1
                 return ", ".join(f"{n} {k}" for k, n in kinds.items()) or "none"
 
-            print(f"| {name} | {registers} | {summary([x for x in loads if x[0] < wait])} | {summary([x for x in loads if x[0] > wait])} |")
+            barriers = sum("BAR.SYNC" in line for line in code[wait:])
+            print(f"| {name} | {registers} | {summary([x for x in loads if x[0] < wait])} | {summary([x for x in loads if x[0] > wait])} | {barriers} |")
         print("\n| attention kernel | warps | registers | spilled bytes | instructions | block-wide barriers |")
         print("| --- | --- | --- | --- | --- | --- |")
         for name, spec in ATTENTION.items():

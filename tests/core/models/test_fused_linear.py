@@ -36,6 +36,20 @@ def norm_of(size):
     return norm
 
 
+def float_norm(norm, x, residual=None):
+    """What the fused kernels compute for RMSNorm: the residual sum rounded as the stream stores it
+    (returned too, as ``norm(x, residual)`` does), the norm itself in float32, its output not rounded."""
+    total = x if residual is None else (x.float() + residual.float()).to(x.dtype)
+    h = total.float()
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.float()
+    return normed, total
+
+
+def project(normed, weight, bias=None):
+    """``normed @ weight^T + bias`` in float32."""
+    return F.linear(normed, weight.float(), None if bias is None else bias.float())
+
+
 @pytest.mark.parametrize("rows", ROWS)
 def test_linear_plain_and_after_norm(rows):
     # K and N not multiples of the tiles: masked edges
@@ -44,11 +58,13 @@ def test_linear_plain_and_after_norm(rows):
     torch.testing.assert_close(kernels.skinny_linear(x, weight), F.linear(x, weight), **TOL[DTYPE])
     torch.testing.assert_close(kernels.skinny_linear(x, weight, bias), F.linear(x, weight, bias), **TOL[DTYPE])
     norm = norm_of(K)
-    torch.testing.assert_close(kernels.skinny_linear(x, weight, norm_weight=norm.weight, eps=norm.eps), F.linear(norm(x), weight), **TOL[DTYPE])
+    out = kernels.skinny_linear(x, weight, norm_weight=norm.weight, eps=norm.eps)
+    torch.testing.assert_close(out.float(), project(float_norm(norm, x)[0], weight), **TOL[DTYPE])
     out, total = kernels.skinny_linear(x, weight, residual=residual, norm_weight=norm.weight, eps=norm.eps)
-    ref_normed, ref_total = norm(x, residual)
-    torch.testing.assert_close(total, ref_total, **TOL[DTYPE])
-    torch.testing.assert_close(out, F.linear(ref_normed, weight), **TOL[DTYPE])
+    ref_normed, ref_total = float_norm(norm, x, residual)
+    torch.testing.assert_close(total, ref_total, rtol=0, atol=0)  # the residual stream is stored as the unfused add stores it
+    torch.testing.assert_close(total, norm(x, residual)[1], rtol=0, atol=0)
+    torch.testing.assert_close(out.float(), project(ref_normed, weight), **TOL[DTYPE])
 
 
 @pytest.mark.parametrize("rows", ROWS)
@@ -57,10 +73,11 @@ def test_gated_linear(rows):
     x, residual, gate_up = randn(rows, K), randn(rows, K), randn(2 * inter, K) * 0.2
     norm = norm_of(K)
     act, total = kernels.skinny_gated_linear(x, gate_up, residual, norm.weight, norm.eps)
-    ref_normed, ref_total = norm(x, residual)
-    gate, up = F.linear(ref_normed, gate_up).chunk(2, dim=-1)
-    torch.testing.assert_close(total, ref_total, **TOL[DTYPE])
-    torch.testing.assert_close(act, F.silu(gate) * up, **TOL[DTYPE])
+    ref_normed, ref_total = float_norm(norm, x, residual)
+    # the unfused path rounds the matmul's output before the activation: so does the kernel
+    gate, up = project(ref_normed, gate_up).to(DTYPE).float().chunk(2, dim=-1)
+    torch.testing.assert_close(total, ref_total, rtol=0, atol=0)
+    torch.testing.assert_close(act.float(), F.silu(gate) * up, **TOL[DTYPE])
     torch.testing.assert_close(kernels.skinny_gated_linear(x, gate_up), kernels.silu_mul(F.linear(x, gate_up)), **TOL[DTYPE])
 
 
@@ -81,13 +98,14 @@ def test_qkv_rotary_store(heads, kv_heads, dim, first_layer, by_position):
     if first_layer:
         q = kernels.qkv_rotary_store(x, weight, bias, slot_mapping=slots, k_cache=k_cache, v_cache=v_cache, num_heads=heads, num_kv_heads=kv_heads,
                                      head_dim=dim, norm_weight=norm.weight, eps=norm.eps, **given)
-        normed = norm(x)
+        normed, _ = float_norm(norm, x)
     else:
         q, total = kernels.qkv_rotary_store(x, weight, bias, slot_mapping=slots, k_cache=k_cache, v_cache=v_cache, num_heads=heads,
                                             num_kv_heads=kv_heads, head_dim=dim, residual=residual, norm_weight=norm.weight, eps=norm.eps, **given)
-        normed, ref_total = norm(x, residual)
-        torch.testing.assert_close(total, ref_total, **TOL[DTYPE])
-    ref_q, ref_k, ref_v = F.linear(normed, weight, bias).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        normed, ref_total = float_norm(norm, x, residual)
+        torch.testing.assert_close(total, ref_total, rtol=0, atol=0)
+    # rounded before the rotary, as the unfused projection's output is
+    ref_q, ref_k, ref_v = project(normed, weight, bias).to(DTYPE).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
     ref_q, ref_k = apply_rotary(ref_q.view(T, heads, dim), ref_k.view(T, kv_heads, dim), (cos, sin))
     ref_k_cache, ref_v_cache = torch.zeros(2, 64, kv_heads, dim, device=DEVICE, dtype=DTYPE)
     store_kv(ref_k, ref_v.view(T, kv_heads, dim), ref_k_cache, ref_v_cache, slots)
@@ -108,12 +126,13 @@ def test_weight_streamed_over_several_k_tiles(rows, K):
     x, residual, weight, bias = randn(rows, K), randn(rows, K), randn(N, K), randn(N)
     norm = norm_of(K)
     out, total = fused_linear.linear(x, weight, bias, residual, norm.weight, norm.eps, block_k=32)
-    ref_normed, ref_total = norm(x, residual)
-    torch.testing.assert_close(total, ref_total, **TOL[DTYPE])
-    torch.testing.assert_close(out, F.linear(ref_normed, weight, bias), **TOL[DTYPE])
+    ref_normed, ref_total = float_norm(norm, x, residual)
+    torch.testing.assert_close(total, ref_total, rtol=0, atol=0)
+    torch.testing.assert_close(out.float(), project(ref_normed, weight, bias), **TOL[DTYPE])
     gate_up = randn(2 * inter, K) * 0.2
-    gate, up = F.linear(norm(x), gate_up).chunk(2, dim=-1)
-    torch.testing.assert_close(fused_linear.gated_linear(x, gate_up, None, norm.weight, norm.eps, block_k=16), F.silu(gate) * up, **TOL[DTYPE])
+    gate, up = project(float_norm(norm, x)[0], gate_up).to(DTYPE).float().chunk(2, dim=-1)
+    act = fused_linear.gated_linear(x, gate_up, None, norm.weight, norm.eps, block_k=16)
+    torch.testing.assert_close(act.float(), F.silu(gate) * up, **TOL[DTYPE])
 
 
 def test_head_dim_the_fused_projection_cannot_tile_is_refused():
