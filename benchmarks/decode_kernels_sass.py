@@ -40,7 +40,7 @@ def projection(K: int, block_n: int, prologue: int, epilogue: int, bias: bool, r
 
 
 PROJECTIONS = {
-    "norm + q/k/v + rotary + cache": projection(HIDDEN, fl.QKV_BLOCK_N, fl.PROLOGUE_ADD_NORM, fl.EPILOGUE_ROTARY_KV, True, dict(
+    "norm + q/k/v + rotary + cache": projection(HIDDEN, fl._qkv_block_n(1), fl.PROLOGUE_ADD_NORM, fl.EPILOGUE_ROTARY_KV, True, dict(
         n_cols=(HEADS + 2 * KV_HEADS) * HEAD_DIM, stride_xm=HIDDEN, stride_rm=HIDDEN, stride_rom=HIDDEN, stride_wn=HIDDEN, stride_om=HIDDEN,
         stride_rope=HEAD_DIM, stride_cache_slot=KV_HEADS * HEAD_DIM, stride_cache_head=HEAD_DIM, num_q_heads=HEADS, num_kv_heads=KV_HEADS)),
     "o_proj": projection(HEADS * HEAD_DIM, fl.LINEAR_BLOCK_N, fl.PROLOGUE_NONE, fl.EPILOGUE_STORE, False, dict(

@@ -81,19 +81,20 @@ def test_gated_linear(rows):
     torch.testing.assert_close(kernels.skinny_gated_linear(x, gate_up), kernels.silu_mul(F.linear(x, gate_up)), **TOL[DTYPE])
 
 
-# by_position: the kernel is given the whole cos/sin tables and looks each row's position up
-@pytest.mark.parametrize("first_layer,by_position", [(True, False), (False, False), (False, True)])
+# by_position: the kernel is given the whole cos/sin tables and looks each row's position up;
+# one row takes narrower column tiles than several (fused_linear._qkv_block_n)
+@pytest.mark.parametrize("first_layer,by_position,T", [(True, False, 5), (False, False, 5), (False, True, 5), (False, True, 1)])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (4, 2, 32)] if INTERPRET else [(4, 2, 16), (14, 2, 64), (16, 8, 128)])
-def test_qkv_rotary_store(heads, kv_heads, dim, first_layer, by_position):
-    T, hidden = 5, 48
-    positions = torch.tensor([0, 3, 17, 100, 255], device=DEVICE)
+def test_qkv_rotary_store(heads, kv_heads, dim, first_layer, by_position, T):
+    hidden = 48
+    positions = torch.tensor([0, 3, 17, 100, 255][:T], device=DEVICE)
     rotary = RotaryEmbedding(dim, 256, 10000.0).to(DEVICE)
     cos, sin = rotary.table(positions, DTYPE)
     given = dict(cos=rotary.cos, sin=rotary.sin, positions=positions) if by_position else dict(cos=cos, sin=sin)
     weight, bias = randn((heads + 2 * kv_heads) * dim, hidden) * 0.2, randn((heads + 2 * kv_heads) * dim)
     x, residual = randn(T, hidden), randn(T, hidden)
     norm = norm_of(hidden)
-    slots = torch.tensor([3, 40, 41, 0, 63], device=DEVICE)
+    slots = torch.tensor([3, 40, 41, 0, 63][:T], device=DEVICE)
     k_cache, v_cache = torch.zeros(2, 64, kv_heads, dim, device=DEVICE, dtype=DTYPE)
     if first_layer:
         q = kernels.qkv_rotary_store(x, weight, bias, slot_mapping=slots, k_cache=k_cache, v_cache=v_cache, num_heads=heads, num_kv_heads=kv_heads,

@@ -99,7 +99,8 @@ def _tile_product(acc_a, acc_b, sum_sq, wa, wb, offs_k, x_ptr, res_ptr, res_out_
         sum_sq += tl.where(row_ids == m, sq, 0.0)
         if EPILOGUE != 0:
             # both column sets' products in one reduction: one pass through shared memory and its
-            # barriers, not two (on the H200: 3 us off a batch-1 step, 40 off a batch-2 step)
+            # barriers, not two (on the H200: 3 us off a batch-1 step, 40 off a batch-2 step; the
+            # same as one sum over the pair joined along a third axis took 30 us more at two rows)
             da, db = tl.reduce((wa_f * xr[None, :], wb_f * xr[None, :]), 1, _add_pair)
             acc_a += tl.where((row_ids == m)[:, None], da[None, :], 0.0)
             acc_b += tl.where((row_ids == m)[:, None], db[None, :], 0.0)
@@ -338,9 +339,16 @@ def _tile(role: str, K: int, block_n, num_warps, block_k, early_launch):
 # Column tiles from the H200 at one and two rows (benchmarks/engine_gpu.py --ab in the engine:
 # the projections of a step compete for multiprocessors, so they were tuned together, not one by
 # one): a plain linear (o_proj, down_proj) ran fastest with two columns per program, q/k/v with
-# four column pairs, gate/up with 8 pairs at one row and 4 at two (``_gate_up_block_n``).
+# two column pairs at one row and four at two (``_qkv_block_n``; since the norm runs in one pass
+# with the products, two beat four by 5 us a batch-1 step), gate/up with 8 pairs at one row and 4
+# at two (``_gate_up_block_n``).
 LINEAR_BLOCK_N = 2
-QKV_BLOCK_N = 4
+
+
+def _qkv_block_n(rows: int) -> int:
+    """Column pairs a q/k/v program: 2 at one row, 4 from two (each divides half of any head size
+    ``fuses_qkv_rotary`` takes)."""
+    return 2 if rows == 1 else 4
 
 
 def _gate_up_block_n(rows: int, columns: int, device: torch.device) -> int:
@@ -413,7 +421,7 @@ def qkv_rotary_store(x: torch.Tensor, qkv_weight: torch.Tensor, bias: torch.Tens
     if not fuses_qkv_rotary(head_dim):
         raise ValueError(f"head_dim {head_dim}: the fused projection needs a multiple of 8")
     block_n, num_warps, block_k, early_launch = _tile("qkv", x.shape[1], block_n, num_warps, block_k, early_launch)
-    block_n = block_n or QKV_BLOCK_N  # pairs of columns per program
+    block_n = block_n or _qkv_block_n(M)  # pairs of columns per program
     _launch(x, qkv_weight, bias, q, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight, eps=eps,
             residual_out=residual_out, epilogue=EPILOGUE_ROTARY_KV, columns=heads * head_dim, block_n=block_n, num_warps=num_warps, block_k=block_k, early_launch=early_launch,
             rotary=(cos2, sin2, positions, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim))
