@@ -70,11 +70,12 @@ class ModelRunner:
         # greedy step launched ahead of the same graph needs no copy of them (a device copy cost 6
         # us a batch-1 step on the H200); not where a hook reads ``batch.input_ids`` after the
         # replay (``sample``, ``post_decode``), which would then see the new tokens
-        self.argmax_feeds_ids = getattr(self.backend, "fused_ops", False) and not {"sample", "post_decode"} & set(hooks)
+        self.fused_ops = getattr(self.backend, "fused_ops", False)  # the backend's fused kernels (argmax among them) run
+        self.argmax_feeds_ids = self.fused_ops and not {"sample", "post_decode"} & set(hooks)
         self.ids_reused = 0  # graph steps that took their ids from the previous replay's argmax
         if device.type == "cpu":
             native.build_all()  # the host kernels compile here, not in the first request's step
-            if not getattr(self.backend, "fused_ops", False):  # the fused kernels read the weights
+            if not self.fused_ops:  # the fused kernels read the weights
                 pack_cpu_linears(model)  # oneDNN's and the host kernel's layouts, in place of the weights (cpu_linear)
         self.sampler = Sampler()
         self.last_sampling: tuple[tuple[int, ...], SamplingTensors] | None = None  # (seq ids, their tensors)
@@ -368,7 +369,7 @@ class ModelRunner:
                 hidden = self.model(embeds, st["positions"], ctx)
                 logits = self.model.compute_logits(hidden)
                 # the fused backend's argmax kernel: torch's reduction cost 4x more at these sizes
-                if getattr(self.backend, "fused_ops", False):
+                if self.fused_ops:
                     greedy = kernels.argmax(logits, copy_to=st["ids"] if self.argmax_feeds_ids else None)
                 else:
                     greedy = logits.argmax(dim=-1)
