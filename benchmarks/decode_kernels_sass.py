@@ -31,18 +31,19 @@ HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 896, 4864, 14, 2, 64
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def projection(K: int, block_n: int, prologue: int, epilogue: int, bias: bool, runtime: dict[str, int]) -> dict:
+def projection(K: int, block_n: int, prologue: int, epilogue: int, bias: bool, runtime: dict[str, int], warps: int = 4) -> dict:
     block_k, main_k, tail_k = fl._k_tiles(K, fl._block_k(K))
     consts = dict(K=K, PROLOGUE=prologue, EPILOGUE=epilogue, HAS_BIAS=bias, BLOCK_M=1, BLOCK_N=block_n, BLOCK_K=block_k, MAIN_K=main_k,
                   TAIL_K=tail_k, HALF=HEAD_DIM // 2 if epilogue == fl.EPILOGUE_ROTARY_KV else 16,
                   ROPE_BY_POSITION=epilogue == fl.EPILOGUE_ROTARY_KV, PDL=True, EARLY_LAUNCH=True)
-    return {"consts": consts, "runtime": {"M": 1, **runtime}}
+    return {"consts": consts, "runtime": {"M": 1, **runtime}, "warps": warps}
 
 
 PROJECTIONS = {
-    "norm + q/k/v + rotary + cache": projection(HIDDEN, fl._qkv_block_n(1), fl.PROLOGUE_ADD_NORM, fl.EPILOGUE_ROTARY_KV, True, dict(
+    "norm + q/k/v + rotary + cache": projection(HIDDEN, fl._qkv_tile(1)[0], fl.PROLOGUE_ADD_NORM, fl.EPILOGUE_ROTARY_KV, True, dict(
         n_cols=(HEADS + 2 * KV_HEADS) * HEAD_DIM, stride_xm=HIDDEN, stride_rm=HIDDEN, stride_rom=HIDDEN, stride_wn=HIDDEN, stride_om=HIDDEN,
-        stride_rope=HEAD_DIM, stride_cache_slot=KV_HEADS * HEAD_DIM, stride_cache_head=HEAD_DIM, num_q_heads=HEADS, num_kv_heads=KV_HEADS)),
+        stride_rope=HEAD_DIM, stride_cache_slot=KV_HEADS * HEAD_DIM, stride_cache_head=HEAD_DIM, num_q_heads=HEADS, num_kv_heads=KV_HEADS),
+        warps=fl._qkv_tile(1)[1]),
     "o_proj": projection(HEADS * HEAD_DIM, fl.LINEAR_BLOCK_N, fl.PROLOGUE_NONE, fl.EPILOGUE_STORE, False, dict(
         n_cols=HIDDEN, stride_xm=HEADS * HEAD_DIM, stride_wn=HEADS * HEAD_DIM, stride_om=HIDDEN)),
     # 8 column pairs: what fused_linear._gate_up_block_n picks at one row on the H200
@@ -105,11 +106,11 @@ def tool(name: str, *args: str) -> str:
 
 
 def main() -> None:
-    print("| projection | registers | loads before the wait | loads after it | block-wide barriers after it |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| projection | warps | registers | loads before the wait | loads after it | block-wide barriers after it |")
+    print("| --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for name, config in PROJECTIONS.items():
-            registers, _, code = machine_code(compile_cubin(config), tmp)
+            registers, _, code = machine_code(compile_cubin(config, num_warps=config["warps"]), tmp)
             wait = next(i for i, line in enumerate(code) if "ACQBULK" in line)
             loads = [(i, re.search(r"LDG\.E(\.\w+)*", line).group(0)) for i, line in enumerate(code) if "LDG" in line]
 
@@ -120,7 +121,7 @@ def main() -> None:
                 return ", ".join(f"{n} {k}" for k, n in kinds.items()) or "none"
 
             barriers = sum("BAR.SYNC" in line for line in code[wait:])
-            print(f"| {name} | {registers} | {summary([x for x in loads if x[0] < wait])} | {summary([x for x in loads if x[0] > wait])} | {barriers} |")
+            print(f"| {name} | {config['warps']} | {registers} | {summary([x for x in loads if x[0] < wait])} | {summary([x for x in loads if x[0] > wait])} | {barriers} |")
         print("\n| attention kernel | warps | registers | spilled bytes | instructions | block-wide barriers |")
         print("| --- | --- | --- | --- | --- | --- |")
         for name, spec in ATTENTION.items():

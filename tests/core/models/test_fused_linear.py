@@ -79,7 +79,7 @@ def test_gated_linear(rows):
 
 
 # by_position: the kernel is given the whole cos/sin tables and looks each row's position up;
-# one row takes narrower column tiles than several (fused_linear._qkv_block_n)
+# one row takes a narrower tile in one warp (fused_linear._qkv_tile)
 @pytest.mark.parametrize("first_layer,by_position,T", [(True, False, 5), (False, False, 5), (False, True, 5), (False, True, 1)])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (4, 2, 32)] if INTERPRET else [(4, 2, 16), (14, 2, 64), (16, 8, 128)])
 def test_qkv_rotary_store(heads, kv_heads, dim, first_layer, by_position, T):

@@ -288,7 +288,8 @@ def _launch(x, weight, bias, out, *, prologue=PROLOGUE_NONE, residual=None, norm
         stride_rope, stride_slot, stride_head = cos.stride(0), k_cache.stride(0), k_cache.stride(1)
         grid_n = (q_heads + 2 * kv_heads) * (half // block_n)
     block_m = _block_m(M)
-    # 4 warps: with the weight requested up front, every projection ran fastest with 4 on the H200
+    # 4 warps where the tile names none: with the weight requested up front, the projections ran
+    # fastest with 4 on the H200 (q/k/v at one row names 1)
     num_warps = num_warps or 4
     block_k, main_k, tail_k = _k_tiles(K, block_k or _block_k(K))
     _skinny_linear_kernel[(grid_n, triton.cdiv(M, block_m))](
@@ -339,16 +340,17 @@ def _tile(role: str, K: int, block_n, num_warps, block_k, early_launch):
 # Column tiles from the H200 at one and two rows (benchmarks/engine_gpu.py --ab in the engine:
 # the projections of a step compete for multiprocessors, so they were tuned together, not one by
 # one): a plain linear (o_proj, down_proj) ran fastest with two columns per program, q/k/v with
-# two column pairs at one row and four at two (``_qkv_block_n``; since the norm runs in one pass
-# with the products, two beat four by 5 us a batch-1 step), gate/up with 8 pairs at one row and 4
-# at two (``_gate_up_block_n``).
+# one column pair in one warp at one row and four pairs in four warps at two (``_qkv_tile``),
+# gate/up with 8 pairs at one row and 4 at two (``_gate_up_block_n``).
 LINEAR_BLOCK_N = 2
 
 
-def _qkv_block_n(rows: int) -> int:
-    """Column pairs a q/k/v program: 2 at one row, 4 from two (each divides half of any head size
-    ``fuses_qkv_rotary`` takes)."""
-    return 2 if rows == 1 else 4
+def _qkv_tile(rows: int) -> tuple[int, int]:
+    """(column pairs, warps) of a q/k/v program: one pair in one warp at one row (the products
+    reduced inside the warp, no block-wide barrier after the wait: 4-7 us off a batch-1 step on the
+    H200 against two pairs in four warps), four pairs in four warps from two rows (each pair count
+    divides half of any head size ``fuses_qkv_rotary`` takes)."""
+    return (1, 1) if rows == 1 else (4, 4)
 
 
 def _gate_up_block_n(rows: int, columns: int, device: torch.device) -> int:
@@ -421,7 +423,8 @@ def qkv_rotary_store(x: torch.Tensor, qkv_weight: torch.Tensor, bias: torch.Tens
     if not fuses_qkv_rotary(head_dim):
         raise ValueError(f"head_dim {head_dim}: the fused projection needs a multiple of 8")
     block_n, num_warps, block_k, early_launch = _tile("qkv", x.shape[1], block_n, num_warps, block_k, early_launch)
-    block_n = block_n or _qkv_block_n(M)  # pairs of columns per program
+    tile_n, tile_warps = _qkv_tile(M)
+    block_n, num_warps = block_n or tile_n, num_warps or tile_warps  # pairs of columns, warps a program
     _launch(x, qkv_weight, bias, q, prologue=_prologue(residual, norm_weight), residual=residual, norm_weight=norm_weight, eps=eps,
             residual_out=residual_out, epilogue=EPILOGUE_ROTARY_KV, columns=heads * head_dim, block_n=block_n, num_warps=num_warps, block_k=block_k, early_launch=early_launch,
             rotary=(cos2, sin2, positions, slot_mapping, k_cache, v_cache, num_heads, num_kv_heads, head_dim))
