@@ -28,6 +28,7 @@ from omni_core.models.kernels import paged_attention as pa
 from triton.backends.compiler import GPUTarget
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 896, 4864, 14, 2, 64
+QKV_PAIRS, QKV_WARPS = fl._qkv_tile(1)  # the engine's q/k/v tile at one row
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
@@ -40,10 +41,10 @@ def projection(K: int, block_n: int, prologue: int, epilogue: int, bias: bool, r
 
 
 PROJECTIONS = {
-    "norm + q/k/v + rotary + cache": projection(HIDDEN, fl._qkv_tile(1)[0], fl.PROLOGUE_ADD_NORM, fl.EPILOGUE_ROTARY_KV, True, dict(
+    "norm + q/k/v + rotary + cache": projection(HIDDEN, QKV_PAIRS, fl.PROLOGUE_ADD_NORM, fl.EPILOGUE_ROTARY_KV, True, dict(
         n_cols=(HEADS + 2 * KV_HEADS) * HEAD_DIM, stride_xm=HIDDEN, stride_rm=HIDDEN, stride_rom=HIDDEN, stride_wn=HIDDEN, stride_om=HIDDEN,
         stride_rope=HEAD_DIM, stride_cache_slot=KV_HEADS * HEAD_DIM, stride_cache_head=HEAD_DIM, num_q_heads=HEADS, num_kv_heads=KV_HEADS),
-        warps=fl._qkv_tile(1)[1]),
+        warps=QKV_WARPS),
     "o_proj": projection(HEADS * HEAD_DIM, fl.LINEAR_BLOCK_N, fl.PROLOGUE_NONE, fl.EPILOGUE_STORE, False, dict(
         n_cols=HIDDEN, stride_xm=HEADS * HEAD_DIM, stride_wn=HEADS * HEAD_DIM, stride_om=HIDDEN)),
     # 8 column pairs: what fused_linear._gate_up_block_n picks at one row on the H200

@@ -35,9 +35,10 @@ def qwen2_config(**overrides):
 
 def make_model(cls=Qwen2ForCausalLM, **overrides):
     model = random_init(cls(qwen2_config(**overrides)), seed=0, std=0.08).to(DEV, torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(1)  # the same model in every test and run
     for name, p in model.named_parameters():  # norms away from one, so their weights are read
         if name.endswith("norm.weight"):
-            p.data.normal_(1.0, 0.2)
+            p.data.copy_(torch.randn(p.shape, generator=g) * 0.2 + 1.0)
     return model
 
 
@@ -76,7 +77,8 @@ def test_one_step_matches_the_per_layer_kernels(context, block_size):
     torch.cuda.synchronize()
     assert out.shape == ref.shape == (1, 256) and out.dtype == ref.dtype
     # both round to bf16 at the same points; sums in another order move a value by a few bf16 steps
-    # (the per-layer kernels' tiles set their order: a mean of 0.0107 was seen with one tiling)
+    # (the per-layer kernels' tiles set their order: means of 0.006-0.009 on the H200 with the
+    # norm weights drawn unseeded, 0.0107 once)
     torch.testing.assert_close(out.float(), ref.float(), atol=0.06, rtol=0.03)
     assert (out.float() - ref.float()).abs().mean() < 0.02
     slot = int(ctx.meta.slot_mapping)
