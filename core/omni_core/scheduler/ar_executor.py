@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 class ARExecutor(Executor):
     """Messages become engine requests (``worker.make_request``); every step's new tokens go to
     ``worker.on_output`` with an ``emit`` bound to the request. ``abort`` frees KV blocks before
-    the next step. A request that fails (bad input, a raising handler) fails alone."""
+    the next step. A request that fails (bad input, a raising handler) fails alone. A request that
+    ends without its last output (aborted or failed) gets ``worker.release``."""
 
     def start(self) -> None:
         worker = self.stage.factory(self.context)
@@ -44,6 +45,7 @@ class ARExecutor(Executor):
     def _aborted(self, request_id: str) -> None:
         self._aborting.discard(request_id)
         self._forget(request_id)
+        self._release(request_id)
 
     def stop(self) -> None:
         loop = getattr(self, "loop", None)
@@ -79,9 +81,16 @@ class ARExecutor(Executor):
 
     def _fail(self, request_id: str, error: str) -> None:
         self._forget(request_id)
+        self._release(request_id)
         if request_id in self._aborting:
             return
         self.context.fail(request_id, error)
 
     def _forget(self, request_id: str) -> None:
         self._seq.pop(request_id, None)
+
+    def _release(self, request_id: str) -> None:
+        try:
+            self.worker.release(request_id)
+        except Exception:  # a broken release must not stop the engine's thread
+            log.exception("release failed for %s", request_id)

@@ -80,3 +80,8 @@ class ARStageWorker:
     def on_output(self, request_id: str, new_token_ids: list[int], finished: bool, step_outputs: dict[str, Any], emit: Emit) -> None:
         if new_token_ids or finished:
             emit("tokens", {"token_ids": list(new_token_ids)}, end=finished)
+
+    def release(self, request_id: str) -> None:
+        """Free what ``make_request`` kept for a request that ends without its last output: it
+        was aborted, the engine refused it, or a step or ``on_output`` failed. Runs on the
+        engine's thread, like ``make_request`` and ``on_output``."""

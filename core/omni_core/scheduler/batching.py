@@ -53,6 +53,7 @@ class _QueuedExecutor(Executor):
         self._seq: dict[tuple[str, str], int] = {}  # (request id, output port) -> next seq
         self._seq_lock = threading.Lock()
         self._known: set[str] = set()  # requests that reached this stage and are not released
+        self._to_release: set[str] = set()  # released or aborted; the worker thread frees them
         self.worker: Any = None
         self.processed = 0
         self.busy = 0  # worker calls in progress
@@ -80,10 +81,16 @@ class _QueuedExecutor(Executor):
             self._thread.join(timeout=5)
 
     def _wait_for_work(self) -> bool:
-        """With the lock held: wait until a message is queued; False once the executor stops."""
-        while not self._queue and not self._stopping:
+        """With the lock held: wait for a message or a release; False once the executor stops."""
+        while not self._queue and not self._to_release and not self._stopping:
             self._cond.wait()
         return not self._stopping
+
+    def _take_releases(self) -> list[str]:
+        """With the lock held: the requests to free before the next call."""
+        released = list(self._to_release)
+        self._to_release.clear()
+        return released
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -106,14 +113,23 @@ class _QueuedExecutor(Executor):
         self.release(request_id)
 
     def release(self, request_id: str) -> None:
-        """The request finished (or was aborted): free its state here and in the worker."""
+        """The request finished (or was aborted): its state is freed on the worker thread,
+        between calls, so a call still running for it cannot write its state back afterwards."""
         with self._cond:
             self._known.discard(request_id)
+            self._to_release.add(request_id)
+            self._cond.notify_all()
+
+    def _free(self, request_ids: list[str]) -> None:
+        """On the worker thread: drop the requests' sequence numbers and the worker's state."""
         with self._seq_lock:
-            for key in [k for k in self._seq if k[0] == request_id]:
+            gone = set(request_ids)
+            for key in [k for k in self._seq if k[0] in gone]:
                 del self._seq[key]
         release = getattr(self.worker, "release", None)
-        if release is not None:
+        if release is None:
+            return
+        for request_id in request_ids:
             try:
                 release(request_id)
             except Exception as exc:  # a broken release must not stop the stage
@@ -163,9 +179,12 @@ class FnExecutor(_QueuedExecutor):
             with self._cond:
                 if not self._wait_for_work():
                     return
-                message = self._queue.popleft()
+                released = self._take_releases()
+                message = self._queue.popleft() if self._queue else None
                 self._cond.notify_all()
-            self._call(message)
+            self._free(released)
+            if message is not None:
+                self._call(message)
 
     def _call(self, message: Message) -> None:
         """Emits go out as the worker makes them (a stream's first chunk must not wait for the
@@ -232,16 +251,21 @@ class BatchExecutor(_QueuedExecutor):
             with self._cond:
                 if not self._wait_for_work():
                     return
-                deadline = time.monotonic() + self.window_s
-                while len({m.request_id for m in self._queue}) < self.max_batch and not self._stopping:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(timeout=left)
-                if self._stopping:
-                    return
-                batch = self._take_batch()
-            self._process(batch)
+                released = self._take_releases()
+                if self._queue:
+                    deadline = time.monotonic() + self.window_s
+                    while len({m.request_id for m in self._queue}) < self.max_batch and not self._stopping:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(timeout=left)
+                    if self._stopping:
+                        return
+                    released += self._take_releases()
+                batch = self._take_batch() if self._queue else []
+            self._free(released)
+            if batch:
+                self._process(batch)
 
     def _call(self, messages: list[Message]) -> list[tuple[str, str, dict, bool]]:
         pending: list[tuple[str, str, dict, bool]] = []

@@ -37,12 +37,6 @@ class RasHooks(ARHooks):
         self.cfg = cfg
         self.held: dict[str, dict[str, Any]] = {}  # request id -> tokens not yet sent (SpeechTokenWorker)
 
-    def on_finish(self, request_id: str, extras: dict[str, Any], reason: str) -> None:
-        # an aborted request gets no more outputs; a finished one still gets its last step's
-        # output (on_output sends what is held and drops it then)
-        if reason == "abort":
-            self.held.pop(request_id, None)
-
     def sample(self, batch: StepBatch, logits: torch.Tensor) -> torch.Tensor:
         rows = [batch.extras[b]["ras"] for b in batch.sample_index]
         done = batch.num_output_tokens
@@ -155,3 +149,7 @@ class SpeechTokenWorker(ARStageWorker):
             held["tokens"] = []
         if finished:
             self.ras_hooks.held.pop(request_id, None)
+
+    def release(self, request_id: str) -> None:
+        # aborted or failed: no last output will drop what is held
+        self.ras_hooks.held.pop(request_id, None)

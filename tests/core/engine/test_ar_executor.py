@@ -57,11 +57,34 @@ def start_executor(factory, collector):
     return executor
 
 
+class KeepingWorker(ARStageWorker):
+    """Keeps per-request state from make_request until the last output or a release."""
+
+    def __init__(self, model, engine_config):
+        super().__init__(model, engine_config=engine_config)
+        self.kept: set[str] = set()
+        self.released: list[str] = []
+
+    def make_request(self, message):
+        request = super().make_request(message)
+        self.kept.add(message.request_id)
+        return request
+
+    def on_output(self, request_id, new_token_ids, finished, step_outputs, emit):
+        super().on_output(request_id, new_token_ids, finished, step_outputs, emit)
+        if finished:
+            self.kept.discard(request_id)
+
+    def release(self, request_id):
+        self.released.append(request_id)
+        self.kept.discard(request_id)
+
+
 def test_stage_streams_tokens_fails_bad_requests_alone_and_aborts(tiny_model):
     collector = Collector()
 
     def factory(context):
-        return ARStageWorker(tiny_model, engine_config=EngineConfig(block_size=4, num_kv_blocks=64))
+        return KeepingWorker(tiny_model, EngineConfig(block_size=4, num_kv_blocks=64))
 
     executor = start_executor(factory, collector)
     try:
@@ -81,6 +104,9 @@ def test_stage_streams_tokens_fails_bad_requests_alone_and_aborts(tiny_model):
         n = len(collector.tokens("long"))
         time.sleep(0.1)
         assert len(collector.tokens("long")) == n and not collector.ended("long")
+        # the engine refused "oov" after make_request kept its state; "long" was aborted; "good" finished
+        assert not executor.worker.kept
+        assert sorted(executor.worker.released) == ["long", "oov", "typo"]
     finally:
         executor.stop()
 

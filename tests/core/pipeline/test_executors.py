@@ -1,5 +1,6 @@
 """The fn and batch executors on their own, built through the plugin manager: bounded queues,
-a failing batch that fails only its culprit, one message per request per batch, release."""
+a failing batch that fails only its culprit, one message per request per batch, release (on the
+worker thread, after a call that still holds the request)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_batch_failure_fails_only_the_culprit_and_nothing_is_emitted_twice():
         assert {m.request_id: int(m.payload["x"]) for m in recorder.emitted} == {"r0": 0, "r1": 2, "r3": 6}
         assert recorder.failed["r2"].startswith("ValueError: bad input in r2 (at ")
         executor.release("r0")
-        assert executor.worker.released == ["r0"]
+        assert wait_until(lambda: executor.worker.released == ["r0"])
     finally:
         executor.stop()
 
@@ -90,6 +91,47 @@ def test_a_batch_holds_one_chunk_per_request_in_order():
         assert [int(m.payload["x"]) for m in chunks] == [0, 2, 4] and [m.seq for m in chunks] == [0, 1, 2]
         assert chunks[-1].end and not chunks[0].end
     finally:
+        executor.stop()
+
+
+class SlowCache:
+    """Batched: keeps a per-request cache written back when ``process`` returns (as a vocoder's
+    sent-sample counts are), so a release that ran during the call would be undone."""
+
+    def __init__(self, context):
+        self.cache: dict[str, int] = {}
+        self.inside = threading.Event()
+        self.gate = threading.Event()
+
+    def process(self, messages, emit):
+        cache = dict(self.cache)
+        for m in messages:
+            cache[m.request_id] = cache.get(m.request_id, 0) + 1
+        self.inside.set()
+        self.gate.wait(10)
+        self.cache = cache
+        for m in messages:
+            emit(m.request_id, "out", {}, end=m.end)
+
+    def release(self, request_id):
+        self.cache.pop(request_id, None)
+
+
+def test_an_abort_during_a_call_frees_the_state_that_call_writes_back():
+    recorder = Recorder()
+    executor = build("batch", SlowCache, recorder, batch_window_ms=1)
+    worker = executor.worker
+    try:
+        executor.submit(Message("kept", "in", {}, end=False))
+        executor.submit(Message("aborted", "in", {}, end=False))
+        assert worker.inside.wait(5)
+        executor.abort("aborted")  # while the call that counts its chunk still runs
+        worker.gate.set()
+        assert wait_until(lambda: "aborted" not in worker.cache and executor.stats()["busy"] == 0)
+        assert worker.cache == {"kept": 1}
+        assert [m.request_id for m in recorder.emitted] == ["kept"]  # nothing sent for the aborted one
+    finally:
+        worker.gate.set()
         executor.stop()
 
 
