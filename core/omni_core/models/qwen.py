@@ -18,8 +18,8 @@ from torch import nn
 
 from omni_core.models import kernels
 from omni_core.models.attention import ForwardContext
-from omni_core.models.cpu_linear import PackedWeight
 from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, rope_theta
+from omni_core.models.logits_head import LogitsHead
 from omni_core.models.moe import SparseMoeBlock
 
 
@@ -174,7 +174,7 @@ class QwenForCausalLM(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._packed_head = PackedWeight()  # the logits head on CPU (cpu_linear), made on first use
+        self._head = LogitsHead()
         self._decode_step = (None, None)  # (caches it was built for, kernels.decode_step kernel or None)
         attn = self.model.layers[0].self_attn
         self.kv_cache_spec = KVCacheSpec(config.num_hidden_layers, attn.num_kv_heads, attn.head_dim)
@@ -207,7 +207,7 @@ class QwenForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return self._packed_head.linear(hidden, weight)  # on CPU, a copy pre-packed for oneDNN
+        return self._head(hidden, weight)
 
 
 class Qwen2ForCausalLM(QwenForCausalLM):

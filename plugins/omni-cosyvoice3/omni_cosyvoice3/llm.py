@@ -11,7 +11,7 @@ Names follow the official ``llm.pt``: ``llm.model.model.*`` (the backbone),
 from __future__ import annotations
 
 import torch
-from omni_core.models.cpu_linear import PackedWeight
+from omni_core.models.logits_head import LogitsHead
 from omni_core.models.qwen import Qwen2ForCausalLM
 from torch import nn
 
@@ -38,7 +38,7 @@ class CosyVoice3LM(nn.Module):
         self.llm = _Backbone(qwen_config)
         self.speech_embedding = nn.Embedding(rows, hidden)
         self.llm_decoder = nn.Linear(hidden, rows, bias=False)
-        self._packed_decoder = PackedWeight()  # the head on CPU, pre-packed for oneDNN on first use
+        self._head = LogitsHead()
         self.kv_cache_spec = self.llm.model.kv_cache_spec
         self.supports_cuda_graphs = True
 
@@ -55,7 +55,7 @@ class CosyVoice3LM(nn.Module):
         return self.llm.model(embeds, positions, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._packed_decoder.linear(hidden, self.llm_decoder.weight)
+        return self._head(hidden, self.llm_decoder.weight)
 
     # -- prompt ---------------------------------------------------------------------------
     @torch.inference_mode()

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from omni_core.models import Qwen2ForCausalLM, TritonPagedBackend, kernels, random_init
 from omni_core.models.attention import store_kv
 from omni_core.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from omni_core.models.logits_head import LogitsHead, skinny_head
 from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
 
 from tests.helpers.triton_target import DEVICE, DTYPE, INTERPRET, TOL, requires_triton_target
@@ -62,6 +63,15 @@ def test_linear_plain_and_after_norm(rows):
     ref_normed, ref_total = float_norm(norm, x, residual)
     torch.testing.assert_close(total, ref_total, rtol=0, atol=0)  # the residual stream is stored as the unfused add stores it
     torch.testing.assert_close(out.float(), project(ref_normed, weight), **TOL[DTYPE])
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_logits_head_takes_the_skinny_kernel_for_decode_rows_on_cuda(rows):
+    hidden, weight = randn(rows, 96), randn(301, 96)
+    assert skinny_head(hidden, weight) == (DEVICE == "cuda" and rows <= kernels.SKINNY_MAX_ROWS)
+    head = LogitsHead()
+    for _ in range(2):  # the CPU path packs the weight on the first call and reuses it
+        torch.testing.assert_close(head(hidden, weight), F.linear(hidden, weight), **TOL[DTYPE])
 
 
 @pytest.mark.parametrize("rows", ROWS)
