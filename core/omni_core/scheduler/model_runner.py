@@ -39,10 +39,14 @@ class LaunchedStep:
     host_tokens: torch.Tensor | None = None
     copied: torch.cuda.Event | None = None
 
-    def copy_tokens_to_host(self) -> None:
-        """Start the tokens' copy to pinned host memory; ``result()`` then waits for it alone."""
-        self.host_tokens = torch.empty(self.token_ids.shape, dtype=self.token_ids.dtype, pin_memory=True)
-        self.host_tokens.copy_(self.token_ids, non_blocking=True)
+    def copy_tokens_to_host(self, written: torch.Tensor | None = None) -> None:
+        """Start the tokens' copy to pinned host memory; ``result()`` then waits for it alone.
+        ``written``: pinned host memory the step's kernels store the tokens into themselves (a
+        graph's argmax): no copy, ``result()`` waits for the step and reads it."""
+        if written is None:
+            written = torch.empty(self.token_ids.shape, dtype=self.token_ids.dtype, pin_memory=True)
+            written.copy_(self.token_ids, non_blocking=True)
+        self.host_tokens = written
         self.copied = torch.cuda.Event()
         self.copied.record()
 
@@ -73,6 +77,9 @@ class ModelRunner:
         self.fused_ops = getattr(self.backend, "fused_ops", False)  # the backend's fused kernels (argmax among them) run
         self.argmax_feeds_ids = self.fused_ops and not {"sample", "post_decode"} & set(hooks)
         self.ids_reused = 0  # graph steps that took their ids from the previous replay's argmax
+        # ... and stores them in pinned host memory too: no copy op between replays
+        self.tokens_written_to_host = 0  # overlapped graph steps whose tokens the argmax stored on the host
+        self.tokens_to_host = self.fused_ops and device.type == "cuda"
         if device.type == "cpu":
             native.build_all()  # the host kernels compile here, not in the first request's step
             if not self.fused_ops:  # the fused kernels read the weights
@@ -237,7 +244,12 @@ class ModelRunner:
                     token_ids = replaced
         step = LaunchedStep(seqs, sample_index, token_ids, self._per_sequence_outputs(seqs, batch, captured, query_lens, sample_index))
         if async_tokens and token_ids is not None and token_ids.device.type == "cuda":
-            step.copy_tokens_to_host()
+            st = self.graphs[graph_key][1] if graph_key is not None else {}
+            # the graph's argmax stored these tokens in host memory (two rows taken in turn: the
+            # engine reads a step's tokens before it launches the step after the next)
+            written = st["host_tokens"][st["turn_used"], : len(seqs)] if token_ids is greedy and "host_tokens" in st else None
+            self.tokens_written_to_host += written is not None
+            step.copy_tokens_to_host(written)
         return step
 
     def _sampling_tensors(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0) -> SamplingTensors:
@@ -294,11 +306,15 @@ class ModelRunner:
         copy from one of its two pinned host twins (``host_index``); the ids come first, so a step
         whose ids are already in place copies the rest."""
         dev, hidden = self.device, self.model.hidden_size
-        index = torch.zeros(4 * size + size * width, dtype=torch.int64, device=dev)
+        # ... then which row of ``host_tokens`` the argmax writes, then the block tables
+        index = torch.zeros(4 * size + 1 + size * width, dtype=torch.int64, device=dev)
         ids, positions, slots, context_lens = index[: 4 * size].view(4, size).unbind(0)
         slots.fill_(self.scratch_slot)
         context_lens.fill_(1)
+        extra = {"host_tokens": torch.zeros(2, size, dtype=torch.int64, pin_memory=True)} if self.tokens_to_host else {}
         return {
+            **extra,
+            "turn": index[4 * size : 4 * size + 1],
             "embeds": torch.zeros(size, hidden, dtype=self.dtype, device=dev),
             "index": index,
             "host_index": [torch.zeros(index.shape, dtype=torch.int64, pin_memory=True) for _ in range(2)],
@@ -307,7 +323,7 @@ class ModelRunner:
             "slots": slots,
             "context_lens": context_lens,
             "ids": ids,
-            "block_tables": index[4 * size :].view(size, width),
+            "block_tables": index[4 * size + 1 :].view(size, width),
             "query_lens": torch.ones(size, dtype=torch.int64, device=dev),
         }
 
@@ -321,19 +337,21 @@ class ModelRunner:
         ids, positions, slots, context_lens = self._decode_rows(seqs, ahead_ids is not None)
         # two host buffers, taken in turn: a step launched ahead fills one while the copy from
         # the other may still be queued behind the step before it
-        host = st["host_index"][st["host_turn"]]
+        turn = st["host_turn"]
+        host = st["host_index"][turn]
         st["host_turn"] ^= 1
+        st["turn_used"] = turn  # the argmax's row of host_tokens, by the same turn
         # padding rows: token 0, position 0, the scratch slot, context 1
-        host[: 4 * size] = torch.tensor(ids + [0] * pad + positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad)
+        host[: 4 * size + 1] = torch.tensor(ids + [0] * pad + positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad + [turn])
         # block-table entries past a row's length are never read (nor a padding row's past its
         # first): they may keep earlier steps' block ids, so only the used part is written
         used = max(len(s.block_table) for s in seqs)
-        tables = host[4 * size :].view(size, width)
+        tables = host[4 * size + 1 :].view(size, width)
         tables[:n, :used] = torch.tensor([s.block_table + [0] * (used - len(s.block_table)) for s in seqs])
         # one copy; the step's token sync orders the reuse of this host buffer two steps on. A
         # step launched ahead of this graph's previous replay, on the same sequences and taking
         # its argmax: that replay's argmax kernel wrote them into the ids already
-        end = 4 * size + n * width
+        end = 4 * size + 1 + n * width
         reused = self.argmax_feeds_ids and ahead_ids is not None and ahead_ids.data_ptr() == st["greedy"].data_ptr()
         start = size if reused else 0
         st["index"][start:end].copy_(host[start:end], non_blocking=True)
@@ -370,7 +388,7 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden)
                 # the fused backend's argmax kernel: torch's reduction cost 4x more at these sizes
                 if self.fused_ops:
-                    greedy = kernels.argmax(logits, copy_to=st["ids"] if self.argmax_feeds_ids else None)
+                    greedy = kernels.argmax(logits, copy_to=st["ids"] if self.argmax_feeds_ids else None, host_out=st.get("host_tokens"), turn=st["turn"])
                 else:
                     greedy = logits.argmax(dim=-1)
                 return embeds, hidden, logits, greedy

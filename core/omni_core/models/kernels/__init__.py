@@ -51,12 +51,12 @@ def rotary_store_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
     impl(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
 
 
-def argmax(logits, copy_to=None):
+def argmax(logits, copy_to=None, host_out=None, turn=None):
     """``logits.argmax(dim=-1)`` of [N, V] logits (the first index on ties), also stored into
-    ``copy_to`` when given; see ``kernels.greedy``."""
+    ``copy_to`` and into row ``turn`` of pinned ``host_out`` when given; see ``kernels.greedy``."""
     from omni_core.models.kernels.greedy import argmax as impl
 
-    return impl(logits, copy_to)
+    return impl(logits, copy_to, host_out, turn)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, num_splits=None):
