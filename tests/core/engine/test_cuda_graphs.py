@@ -99,3 +99,16 @@ def test_greedy_steps_ahead_take_their_ids_from_the_previous_replay(tiny_checkpo
     hooked = AREngine(model, EngineConfig(block_size=16, num_kv_blocks=64, cuda_graph_sizes=(1, 2), overlap_decode=True), hooks=RecentTokensSampler(), device="cuda")
     assert hooked.overlap_decode and not hooked.runner.argmax_feeds_ids  # the hook sees the step's own input ids
     assert [o.token_ids for o in hooked.generate(prompts, params)] == runs[True][2:]
+
+
+def test_argmax_stores_into_the_chosen_row_of_pinned_host_memory():
+    from omni_core.models import kernels
+
+    logits = torch.randn(3, 500, device="cuda")
+    host = torch.full((2, 3), -1, dtype=torch.int64, pin_memory=True)
+    for turn in (1, 0):
+        got = kernels.argmax(logits, host_out=host, turn=torch.tensor([turn], device="cuda"))
+        torch.cuda.synchronize()
+        assert torch.equal(host[turn], got.cpu()) and torch.equal(got, logits.argmax(dim=-1))
+    with pytest.raises(ValueError, match="pinned"):
+        kernels.argmax(logits, host_out=torch.zeros(2, 3, dtype=torch.int64), turn=torch.tensor([0], device="cuda"))

@@ -69,18 +69,6 @@ def test_argmax_takes_the_first_largest_logit(vocab, monkeypatch):
     assert torch.equal(kernels.argmax(logits, copy_to=copy), got) and torch.equal(copy, got)  # the same tokens stored twice
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="pinned host memory needs CUDA")
-def test_argmax_stores_into_the_chosen_row_of_pinned_host_memory():
-    logits = randn(3, 500)
-    host = torch.full((2, 3), -1, dtype=torch.int64, pin_memory=True)
-    for turn in (1, 0):
-        got = kernels.argmax(logits, host_out=host, turn=torch.tensor([turn], device=DEVICE))
-        torch.cuda.synchronize()
-        assert torch.equal(host[turn], got.cpu()) and torch.equal(got, logits.argmax(dim=-1))
-    with pytest.raises(ValueError, match="pinned"):
-        kernels.argmax(logits, host_out=torch.zeros(2, 3, dtype=torch.int64), turn=torch.tensor([0], device=DEVICE))
-
-
 # under the interpreter only small shapes: each program runs as Python
 SHAPES = [(4, 2, 16)] if INTERPRET else [(4, 2, 16), (14, 2, 64)]
 
