@@ -70,8 +70,17 @@ class EngineLoop:
                 self.cancelled.discard(request_id)
                 return True
             try:
-                self.engine.add_request(build())
+                request = build()
             except Exception as exc:  # bad input fails this request only
+                self.on_error(request_id, f"{type(exc).__name__}: {exc}")
+                return True
+            try:
+                self.engine.add_request(request)
+            except ValueError as exc:
+                # the engine can never run it (too long for max_model_len, ids outside the
+                # vocabulary): the request's content is at fault, which the server answers with a 400
+                self.on_error(request_id, f"InvalidInput: {exc}")
+            except Exception as exc:
                 self.on_error(request_id, f"{type(exc).__name__}: {exc}")
         return True
 

@@ -99,6 +99,7 @@ def test_stage_streams_tokens_fails_bad_requests_alone_and_aborts(tiny_model):
         assert [m.seq for m in chunks] == list(range(6)) and [m.end for m in chunks] == [False] * 5 + [True]
         assert {r for r, _ in collector.failures} == {"typo", "oov"}
         assert "temprature" in dict(collector.failures)["typo"]
+        assert dict(collector.failures)["oov"].startswith("InvalidInput: prompt token ids must be in")
         executor.abort("long")
         assert collector.wait(lambda c: executor.stats().get("kv_blocks_free") == 64 and executor.stats().get("running") == 0)
         n = len(collector.tokens("long"))

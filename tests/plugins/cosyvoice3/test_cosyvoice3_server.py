@@ -171,6 +171,9 @@ def test_bad_input_is_a_clear_400(client, server):
         client.audio.speech.create(model="cosyvoice3", voice="default", input="Hi", extra_body={"top_k": 0})
     with pytest.raises(openai.BadRequestError, match="unknown voice"):
         client.audio.speech.create(model="cosyvoice3", voice="nobody", input="Hi")
+    # more speech than the tiny preset's 4096 positions hold: refused, and not a 500 the client retries
+    with pytest.raises(openai.BadRequestError, match="exceeds the engine's max_model_len"):
+        client.audio.speech.create(model="cosyvoice3", voice="default", input="Far too many words to fit. " * 60)
     # the server is still healthy and serves the next request
     ok = client.audio.speech.create(
         model="cosyvoice3",
