@@ -77,10 +77,7 @@ class ModelRunner:
         self.fused_ops = getattr(self.backend, "fused_ops", False)  # the backend's fused kernels (argmax among them) run
         self.argmax_feeds_ids = self.fused_ops and not {"sample", "post_decode"} & set(hooks)
         self.ids_reused = 0  # graph steps that took their ids from the previous replay's argmax
-        # a graph's argmax also stores its tokens in pinned host memory: an overlapped step whose
-        # tokens are that argmax copies nothing to the host (5-6 us a batch-1 step on the H200)
-        self.tokens_to_host = self.fused_ops and device.type == "cuda"
-        self.tokens_written_to_host = 0  # steps whose tokens were read where the argmax stored them
+        self.tokens_written_to_host = 0  # graph steps whose tokens were read where the argmax stored them
         if device.type == "cpu":
             native.build_all()  # the host kernels compile here, not in the first request's step
             if not self.fused_ops:  # the fused kernels read the weights
@@ -244,14 +241,22 @@ class ModelRunner:
                 if replaced is not None:
                     token_ids = replaced
         step = LaunchedStep(seqs, sample_index, token_ids, self._per_sequence_outputs(seqs, batch, captured, query_lens, sample_index))
-        if async_tokens and token_ids is not None and token_ids.device.type == "cuda":
-            st = self.graphs[graph_key][1] if graph_key is not None else {}
-            # the graph's argmax stored these tokens in host memory (two rows taken in turn: the
-            # engine reads a step's tokens before it launches the step after the next)
-            written = st["host_tokens"][st["turn_used"], : len(seqs)] if token_ids is greedy and "host_tokens" in st else None
-            self.tokens_written_to_host += written is not None
-            step.copy_tokens_to_host(written)
+        if token_ids is not None and token_ids.device.type == "cuda":
+            written = self._tokens_in_host_memory(graph_key, len(seqs)) if token_ids is greedy else None
+            if written is not None or async_tokens:
+                step.copy_tokens_to_host(written)
         return step
+
+    def _tokens_in_host_memory(self, graph_key: tuple[int, int] | None, n: int) -> torch.Tensor | None:
+        """Where the graph just replayed stored its argmax tokens on the host (its ``host_tokens``
+        row of this step: the turn ``_prepare_graph_decode`` took), or None. The rows are taken in
+        turn and the engine reads a step's tokens before it launches the step after the next, so
+        a row is read before it is written again."""
+        st = self.graphs[graph_key][1] if graph_key is not None else {}
+        if "host_tokens" not in st:
+            return None
+        self.tokens_written_to_host += 1
+        return st["host_tokens"][st["host_turn"] ^ 1, :n]
 
     def _sampling_tensors(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0) -> SamplingTensors:
         # consecutive decode steps of the same batch keep their parameter tensors
@@ -312,7 +317,9 @@ class ModelRunner:
         ids, positions, slots, context_lens = index[: 4 * size].view(4, size).unbind(0)
         slots.fill_(self.scratch_slot)
         context_lens.fill_(1)
-        extra = {"host_tokens": torch.zeros(2, size, dtype=torch.int64, pin_memory=True)} if self.tokens_to_host else {}
+        # the fused argmax also stores the tokens in pinned host memory: a step reads them there
+        # instead of copying them (5-6 us a batch-1 overlapped step on the H200)
+        extra = {"host_tokens": torch.zeros(2, size, dtype=torch.int64, pin_memory=True)} if self.fused_ops else {}
         return {
             **extra,
             "turn": index[4 * size : 4 * size + 1],
@@ -341,7 +348,6 @@ class ModelRunner:
         turn = st["host_turn"]
         host = st["host_index"][turn]
         st["host_turn"] ^= 1
-        st["turn_used"] = turn  # the argmax's row of host_tokens, by the same turn
         # padding rows: token 0, position 0, the scratch slot, context 1
         host[: 4 * size + 1] = torch.tensor(ids + [0] * pad + positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad + [turn])
         # block-table entries past a row's length are never read (nor a padding row's past its

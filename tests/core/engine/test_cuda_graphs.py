@@ -94,7 +94,7 @@ def test_greedy_steps_ahead_take_their_ids_from_the_previous_replay(tiny_checkpo
         engine = AREngine(model, EngineConfig(block_size=16, num_kv_blocks=64, cuda_graph_sizes=(1, 2), overlap_decode=overlap), device="cuda")
         runs[overlap] = [engine.generate([p], params)[0].token_ids for p in prompts] + [o.token_ids for o in engine.generate(prompts, params)]
         assert engine.runner.argmax_feeds_ids and (engine.runner.ids_reused > 0) == overlap
-        assert (engine.runner.tokens_written_to_host > 0) == overlap  # tokens read where the argmax stored them
+        assert engine.runner.tokens_written_to_host > 0  # tokens read where the argmax stored them, step by step too
     assert runs[True] == runs[False]
     hooked = AREngine(model, EngineConfig(block_size=16, num_kv_blocks=64, cuda_graph_sizes=(1, 2), overlap_decode=True), hooks=RecentTokensSampler(), device="cuda")
     assert hooked.overlap_decode and not hooked.runner.argmax_feeds_ids  # the hook sees the step's own input ids
