@@ -30,16 +30,23 @@ def bind_address(socket: zmq.Socket, control: str, ipc_path: str) -> str:
 
 
 class Channel:
-    """One direction of the control plane; sends are serialised (zmq sockets are not thread-safe)."""
+    """One direction of the control plane. Two locks: ``_socket`` around each use of the zmq
+    socket (not thread-safe), and ``_order`` around a payload's framing, header and transport
+    flush, so headers go out in the order their tensors are sent. A header without a payload
+    (stats, abort, release, fail) takes only ``_socket``: it never waits behind a flush, which on
+    a transport whose sends wait for the peer to receive (gloo, NCCL) may last until that peer's
+    receiving thread is free; a receiving thread that sends only such headers cannot close a
+    cycle of waits between two processes."""
 
     def __init__(self, socket: zmq.Socket, transport: Any, peer: int = 0):
         self.socket = socket
         self.transport = transport
         self.peer = peer  # rank of the process at the other end (0: the runtime)
-        self._lock = threading.Lock()
+        self._socket = threading.Lock()
+        self._order = threading.Lock()
 
     def send(self, header: dict[str, Any], frames: list[Any] = ()) -> None:
-        with self._lock:
+        with self._socket:
             self.socket.send_multipart([framing.pack_header(header), *frames], copy=False)
 
     def send_message(self, op: str, message: Message) -> None:
@@ -51,13 +58,13 @@ class Channel:
             "end": message.end,
             "seq": message.seq,
         }
-        with self._lock:  # frames, then what travels beside them: one order per direction
+        with self._order:  # frames, then what travels beside them: one order per direction
             frames = self.transport.pack(message.request_id, message.payload, self.peer)
-            self.socket.send_multipart([framing.pack_header(header), *frames], copy=False)
+            self.send(header, frames)
             self.transport.flush(self.peer)
 
     def close(self) -> None:
-        with self._lock:
+        with self._socket:
             self.socket.close(linger=0)
 
 

@@ -158,33 +158,38 @@ class ProcessStage(Executor):
     # -- requests ---------------------------------------------------------------------------------
 
     def submit(self, message: Message) -> None:
+        # the send runs outside the lock: with a transport whose sends block until the child
+        # receives (gloo, NCCL), the monitor thread must still take the lock to read the child's
+        # emits, or the child, blocked sending one, never comes back to receive this
         with self._lock:
-            state = self._state
+            state, out, dead_reason = self._state, self._out, self._dead_reason
             if state == "restarting":
                 self._waiting.append(message)
                 return
             if state == "running":
                 self._inflight.add(message.request_id)
-                try:
-                    self._out.send_message("msg", message)
-                    return
-                except FramingError as exc:
-                    error = f"input {message.port!r}: {exc}"
-                except zmq.ZMQError as exc:
-                    error = f"cannot reach the stage process: {exc}"
-            else:
-                error = self._dead_reason or f"stage process is {state}"
+        if state == "running":
+            try:
+                out.send_message("msg", message)  # the channel serialises its own sends
+                return
+            except FramingError as exc:
+                error = f"input {message.port!r}: {exc}"
+            except zmq.ZMQError as exc:
+                error = f"cannot reach the stage process: {exc}"
+        else:
+            error = dead_reason or f"stage process is {state}"
         self._fail(message.request_id, error)
 
     def _send_op(self, op: str, request_id: str) -> None:
         with self._lock:
             self._inflight.discard(request_id)
             self._waiting = [m for m in self._waiting if m.request_id != request_id]
-            if self._state == "running":
-                try:
-                    self._out.send({"op": op, "rid": request_id})
-                except zmq.ZMQError:
-                    pass
+            running, out = self._state == "running", self._out
+        if running:  # outside the lock, as in submit
+            try:
+                out.send({"op": op, "rid": request_id})
+            except zmq.ZMQError:
+                pass
 
     def abort(self, request_id: str) -> None:
         self._send_op("abort", request_id)

@@ -197,7 +197,11 @@ def test_distributed_transport_moves_tensors_point_to_point_between_stage_proces
     )
     with pipeline:
         assert pipeline._transport.world_size == 3 and not pipeline._transport.supports_restart
-        handles = {text: pipeline.submit({"text": text}) for text in ["point", "to", "tniop"]}
+        # many at once: each stage process receives while it sends, both ways at the same time
+        # (with a send that waits for the peer's receive, a thread that receives must never wait
+        # behind one: that hung two runs in three before control.Channel split its locks)
+        texts = ["point", "to", "tniop"] + [f"request number {i} " * 3 for i in range(60)]
+        handles = {text: pipeline.submit({"text": text}) for text in texts}
         for text, handle in handles.items():
             events = handle.collect(timeout=60)["audio"]
             audio = torch.cat([e.payload["audio"] for e in events if "audio" in e.payload])
