@@ -228,8 +228,13 @@ class Omni:
         prompt: str | None = None,
         temperature: float = 0.0,
         timestamps: bool = False,
+        task: str = "transcription",
     ) -> dict[str, Any]:
-        self._require("transcription")
+        """The entry payload of a transcription (or, with ``task="translation"``, of a translation
+        into English; ``language`` is the speech's, detected where the family can when unset)."""
+        if task not in ("transcription", "translation"):
+            raise InvalidInput(f"task must be transcription or translation, not {task!r}", "task")
+        self._require(task)
         samples, rate = load_audio(audio, sample_rate, "file")
         return build.transcription_inputs(
             samples,
@@ -240,6 +245,7 @@ class Omni:
             temperature=temperature,
             timestamps=timestamps,
             limits=self.limits,
+            task=task,
         )
 
     def chat_inputs(
@@ -302,7 +308,15 @@ class Omni:
     def transcribe(self, audio: Any, sample_rate: int | None = None, *, stream: bool = False, **kwargs):
         """Transcribe a path, encoded bytes, or samples (with ``sample_rate``). Returns a
         ``TranscriptionResult``, or with ``stream=True`` an iterator of text deltas."""
-        handle = self.submit(self.transcription_inputs(audio, sample_rate, **kwargs))
+        return self._text_of(self.transcription_inputs(audio, sample_rate, **kwargs), stream)
+
+    def translate(self, audio: Any, sample_rate: int | None = None, *, stream: bool = False, **kwargs):
+        """Speech in another language to English text; as ``transcribe`` otherwise (its
+        ``language``, when given, is the speech's)."""
+        return self._text_of(self.transcription_inputs(audio, sample_rate, task="translation", **kwargs), stream)
+
+    def _text_of(self, inputs: dict[str, Any], stream: bool):
+        handle = self.submit(inputs)
         if stream:
             return self._text_deltas(handle, {})
         final: dict[str, Any] = {}

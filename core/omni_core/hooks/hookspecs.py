@@ -21,7 +21,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def omni_families():
     """Return a list of ``FamilySpec``: the model families this plugin serves.
 
-    A family names its tasks (speech, transcription, chat), its default checkpoint id, its presets
+    A family names its tasks (speech, transcription, translation, chat), its default checkpoint id, its presets
     (``tiny`` at least: the real architecture at tiny sizes with deterministic random weights)
     and ``build(checkpoint_dir, options)``, which turns a checkpoint directory into an
     ``omni_core.pipeline.Topology``.

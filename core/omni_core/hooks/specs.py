@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-TASKS = ("speech", "transcription", "chat")
+TASKS = ("speech", "transcription", "translation", "chat")  # translation: speech in, English text out
 
 
 @dataclass(frozen=True)

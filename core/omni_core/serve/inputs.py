@@ -116,12 +116,15 @@ def transcription_inputs(
     temperature: float,
     timestamps: bool,
     limits: Limits,
+    task: str = "transcription",
 ) -> dict[str, Any]:
+    """The entry payload of a transcription, or of a translation (``task="translation"``: the
+    text comes out in English; ``language`` is then the speech's)."""
     check_duration(samples, rate, limits, "file")
     if not 0.0 <= temperature <= 1.0:
         raise InvalidInput("temperature must be between 0 and 1", "temperature")
     return {
-        "task": "transcription",
+        "task": task,
         "audio": _tensor(resample(samples, rate, target_rate)),
         "language": language or None,
         "prompt": prompt or None,

@@ -19,6 +19,7 @@ RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5, 10)
 ENDPOINTS = (
     "/v1/audio/speech",
     "/v1/audio/transcriptions",
+    "/v1/audio/translations",
     "/v1/chat/completions",
     "/v1/audio/voices",
     "/v1/models",

@@ -1,4 +1,6 @@
-"""POST /v1/audio/transcriptions: multipart upload -> json, text, srt, vtt, verbose_json, or SSE."""
+"""POST /v1/audio/transcriptions and /v1/audio/translations: multipart upload -> json, text, srt,
+vtt, verbose_json, or SSE. A translation is the same request with English text out (its optional
+``language`` field names the speech's language)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from omni_core.serve.text_formats import sse, to_srt, to_vtt
 
 router = APIRouter()
 ENDPOINT = "/v1/audio/transcriptions"
+TRANSLATIONS = "/v1/audio/translations"
 _TRUE = ("true", "1", "yes", "on")
 
 
@@ -68,6 +71,15 @@ def _float(form, name: str, default: float) -> float:
 
 @router.post(ENDPOINT)
 async def create_transcription(request: Request):
+    return await _audio_to_text(request, ENDPOINT, "transcription")
+
+
+@router.post(TRANSLATIONS)
+async def create_translation(request: Request):
+    return await _audio_to_text(request, TRANSLATIONS, "translation")
+
+
+async def _audio_to_text(request: Request, endpoint: str, task: str):
     state = request.app.state.omni_state
     form, data = await read_upload(request, state.config.limits.max_upload_mb)
     state.check_model(form.get("model"))
@@ -92,7 +104,7 @@ async def create_transcription(request: Request):
             400, "stream=true returns text deltas: use response_format json or text", param="stream"
         )
     temperature = _float(form, "temperature", 0.0)
-    slot = await state.admit(ENDPOINT)
+    slot = await state.admit(endpoint)
     streaming = False
     try:
         omni = state.ready_omni()
@@ -103,31 +115,32 @@ async def create_transcription(request: Request):
             prompt=form.get("prompt") or None,
             temperature=temperature,
             timestamps=bool(granularities) or fmt in ("verbose_json", "srt", "vtt"),
+            task=task,
         )
         seconds = len(inputs["audio"]) / (omni.spec.input_sample_rate or 16000)
         handle = slot.track(omni.submit(inputs))
         if not stream:
             events = await collect(request, handle)
             final = next((e.payload for e in events if e.name == "text" and e.end), {})
-            _observe(state, slot.started, seconds)
-            return _render(final, fmt, granularities)
+            _observe(state, endpoint, slot.started, seconds)
+            return _render(final, fmt, granularities, task)
         first, rest = await events_with_first(handle)
         streaming = True
     finally:
         if not streaming:
             await slot.release()
     return SlotStreamingResponse(
-        _sse(state, slot, first, rest, seconds), slot, media_type="text/event-stream"
+        _sse(state, endpoint, slot, first, rest, seconds), slot, media_type="text/event-stream"
     )
 
 
-def _observe(state, started: float, seconds: float) -> None:
+def _observe(state, endpoint: str, started: float, seconds: float) -> None:
     if seconds > 0:
-        state.metrics.rtf.labels(ENDPOINT).observe((time.perf_counter() - started) / seconds)
-        state.metrics.audio_seconds.labels(ENDPOINT).inc(seconds)
+        state.metrics.rtf.labels(endpoint).observe((time.perf_counter() - started) / seconds)
+        state.metrics.audio_seconds.labels(endpoint).inc(seconds)
 
 
-def _render(final: dict, fmt: str, granularities: list[str]):
+def _render(final: dict, fmt: str, granularities: list[str], task: str):
     text = final.get("text", "")
     segments = list(final.get("segments") or [])
     if fmt == "text":
@@ -141,7 +154,7 @@ def _render(final: dict, fmt: str, granularities: list[str]):
         body["usage"] = final["usage"]
     if fmt == "verbose_json":
         body = {
-            "task": "transcribe",
+            "task": "translate" if task == "translation" else "transcribe",
             "language": final.get("language"),
             "duration": final.get("duration"),
             **body,
@@ -153,7 +166,7 @@ def _render(final: dict, fmt: str, granularities: list[str]):
     return JSONResponse(body)
 
 
-async def _sse(state, slot, first, rest, seconds: float):
+async def _sse(state, endpoint: str, slot, first, rest, seconds: float):
     try:
         async for event in all_events(first, rest, slot.handle):
             if event.name != "text":
@@ -162,7 +175,7 @@ async def _sse(state, slot, first, rest, seconds: float):
                 done = {"type": "transcript.text.done", "text": event.payload.get("text", "")}
                 if event.payload.get("usage"):
                     done["usage"] = event.payload["usage"]
-                _observe(state, slot.started, seconds)
+                _observe(state, endpoint, slot.started, seconds)
                 yield sse(done)
             elif event.payload.get("text"):
                 yield sse({"type": "transcript.text.delta", "delta": event.payload["text"]})

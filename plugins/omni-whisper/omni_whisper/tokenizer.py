@@ -27,6 +27,7 @@ class WhisperTokenizer:
         self.no_timestamps = self._id("<|notimestamps|>")
         self.timestamp_begin = self.no_timestamps + 1
         self.transcribe = self._id("<|transcribe|>")
+        self.translate = self._id("<|translate|>")
         self.multilingual = vocab_size >= 51865
         self.languages = {
             token.strip("<|>"): token_id
@@ -54,19 +55,34 @@ class WhisperTokenizer:
     def timestamp_seconds(self, token_id: int) -> float:
         return (token_id - self.timestamp_begin) * SECONDS_PER_TIMESTAMP
 
-    def check_language(self, language: str | None) -> str:
-        """The language code to decode with; an English-only model accepts only English."""
-        code = (language or "en").lower()
+    def check_language(self, language: str | None) -> str | None:
+        """The language code to decode with; None (a multilingual model, no language given): the
+        decoder detects it. An English-only model accepts only English."""
         if not self.multilingual:
-            if code not in ("en", "english"):
+            if (language or "en").lower() not in ("en", "english"):
                 raise InvalidInput(f"this checkpoint is English-only; language {language!r} is not supported")
             return "en"
+        if not language:
+            return None
+        code = language.lower()
         if code not in self.languages:
             raise InvalidInput(f"unknown language {language!r}; known: {', '.join(sorted(self.languages))}")
         return code
 
-    def prompt(self, language: str, timestamps: bool, previous_text: str | None, max_prompt: int) -> list[int]:
-        """``[<|startofprev|> prompt...] <|startoftranscript|> [lang transcribe] [<|notimestamps|>]``."""
+    def check_task(self, task: str) -> str:
+        """Whisper's task token for an omni task: ``transcribe``, or ``translate`` (to English;
+        multilingual checkpoints only)."""
+        if task == "translation":
+            if not self.multilingual:
+                raise InvalidInput("this checkpoint is English-only: it transcribes English speech and cannot translate")
+            return "translate"
+        if task not in (None, "transcription"):
+            raise InvalidInput(f"whisper does transcription and translation, not {task!r}")
+        return "transcribe"
+
+    def prompt(self, language: str, timestamps: bool, previous_text: str | None, max_prompt: int,
+               task: str = "transcribe") -> list[int]:
+        """``[<|startofprev|> prompt...] <|startoftranscript|> [lang task] [<|notimestamps|>]``."""
         tokens: list[int] = []
         if previous_text:
             # control tokens typed into a prompt are dropped: a prompt cannot end or steer the decode
@@ -74,7 +90,7 @@ class WhisperTokenizer:
             tokens = [self.sot_prev, *text_ids[-max_prompt:]] if max_prompt > 0 else []
         tokens.append(self.sot)
         if self.multilingual:
-            tokens += [self.languages[language], self.transcribe]
+            tokens += [self.languages[language], self.translate if task == "translate" else self.transcribe]
         if not timestamps:
             tokens.append(self.no_timestamps)
         return tokens

@@ -9,6 +9,7 @@ import json
 
 import httpx
 import numpy as np
+import openai
 import pytest
 import soundfile as sf
 from openai import OpenAI
@@ -140,6 +141,13 @@ def test_transcriptions_any_format_and_rate(client):
         model="testfamily", file=("a.wav", upload), response_format="vtt"
     )
     assert vtt.startswith("WEBVTT\n") and "00:00:02.000 --> 00:00:03.000" in vtt
+
+
+def test_translation_of_a_family_without_it_is_a_clear_400(client):
+    with pytest.raises(openai.BadRequestError, match="does not do translation") as caught:
+        client.audio.translations.create(model="testfamily", file=("a.wav", tone_wav(1.0)))
+    assert caught.value.body["code"] == "unsupported_task"
+    assert client.audio.transcriptions.create(model="testfamily", file=("a.wav", tone_wav(1.0))).text  # served on
 
 
 def test_transcription_stream(client):
