@@ -16,6 +16,7 @@ from omni_whisper.model import WhisperModel
 class DecodeBatch:
     def __init__(self, model: WhisperModel, rules: LogitRules, capacity: int, source_positions: int):
         self.model, self.rules, self.capacity = model, rules, capacity
+        self.device = model.decoder.embed_tokens.weight.device
         self.max_positions = model.config.max_target_positions
         self.source_positions = source_positions
         self.allocated = 0
@@ -25,7 +26,7 @@ class DecodeBatch:
         self.windows: list[Window] = []
         self.lengths: list[int] = []  # positions filled in each row's self-attention cache
         self.feed: list[int] = []  # the token each row feeds at the next step
-        self.generator = torch.Generator().manual_seed(0)
+        self.generator = torch.Generator(self.device).manual_seed(0)
 
     def _grow(self, rows: int) -> None:
         """Reallocate for ``rows`` rows, keeping the running ones: memory follows the load, up to
@@ -34,7 +35,7 @@ class DecodeBatch:
         heads = config.decoder_attention_heads
         cross_shape = (rows, heads, self.source_positions, config.d_model // heads)
         self_kv = self.model.new_self_cache(rows)
-        cross_kv = [(torch.zeros(cross_shape, dtype=dtype), torch.zeros(cross_shape, dtype=dtype))
+        cross_kv = [(torch.zeros(cross_shape, dtype=dtype, device=self.device), torch.zeros(cross_shape, dtype=dtype, device=self.device))
                     for _ in self.model.decoder.layers]
         used = len(getattr(self, "windows", []))
         for old, new in ((self.self_kv, self_kv), (self.cross_kv, cross_kv)):
@@ -61,8 +62,8 @@ class DecodeBatch:
             prefix = window.prompt[:-1]
             if prefix:
                 self.model.decoder(
-                    torch.tensor([prefix]),
-                    torch.zeros(1, dtype=torch.long),
+                    torch.tensor([prefix], device=self.device),
+                    torch.zeros(1, dtype=torch.long, device=self.device),
                     [(k[row : row + 1], v[row : row + 1]) for k, v in self.self_kv],
                     [(k[row : row + 1], v[row : row + 1]) for k, v in self.cross_kv],
                 )
@@ -75,23 +76,24 @@ class DecodeBatch:
         count = len(self.windows)
         with torch.inference_mode():
             logits = self.model.decoder(
-                torch.tensor(self.feed)[:, None],
-                torch.tensor(self.lengths),
+                torch.tensor(self.feed, device=self.device)[:, None],
+                torch.tensor(self.lengths, device=self.device),
                 [(k[:count], v[:count]) for k, v in self.self_kv],
                 [(k[:count], v[:count]) for k, v in self.cross_kv],
             ).float()
             self.rules.apply(logits, self.windows)
             logprobs = torch.log_softmax(logits, dim=-1)
             chosen = logits.argmax(dim=-1)
-            temperatures = torch.tensor([w.temperature for w in self.windows])
+            temperatures = torch.tensor([w.temperature for w in self.windows], device=self.device)
             sampled = temperatures > 0
             if bool(sampled.any()):
                 probs = torch.softmax(logits[sampled] / temperatures[sampled, None], dim=-1)
                 chosen[sampled] = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
             picked = logprobs.gather(1, chosen[:, None])[:, 0]
+            chosen, picked = chosen.tolist(), picked.tolist()  # one copy to the host each
         finished = []
         eot = self.rules.tok.eot
-        for row, (window, token, logprob) in enumerate(zip(self.windows, chosen.tolist(), picked.tolist(), strict=True)):
+        for row, (window, token, logprob) in enumerate(zip(self.windows, chosen, picked, strict=True)):
             window.tokens.append(token)
             window.logprob_sum += logprob
             self.lengths[row] += 1

@@ -73,9 +73,12 @@ class LogitRules:
 
     def apply(self, logits: torch.Tensor, windows: list[Window]) -> None:
         neg = float("-inf")
-        stamped = torch.tensor([w.timestamps for w in windows])
+        if self.suppress.device != logits.device:  # once: the masks move to the decoder's device
+            for name in ("suppress", "begin", "no_timestamp_mask", "with_timestamp_mask"):
+                setattr(self, name, getattr(self, name).to(logits.device))
+        stamped = torch.tensor([w.timestamps for w in windows], device=logits.device)
         static = torch.where(stamped[:, None], self.with_timestamp_mask, self.no_timestamp_mask)
-        first = torch.tensor([not w.tokens for w in windows])
+        first = torch.tensor([not w.tokens for w in windows], device=logits.device)
         static = static | (first[:, None] & self.begin)
         logits.masked_fill_(static, neg)
         for row, window in enumerate(windows):

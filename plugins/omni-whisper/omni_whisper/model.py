@@ -7,10 +7,18 @@ and values, computed once per sequence from the encoder output (``cross_kv``).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import WhisperConfig
+
+# cuDNN's attention builds an execution plan on the host for every new shape: 10-15 ms a call on
+# the H200's host, and a decode step's key span grows by one each step. The decoder's masked
+# self-attention takes the memory-efficient kernel on CUDA instead (docs/families/whisper.md, GPU).
+DECODER_SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -124,30 +132,32 @@ class Decoder(nn.Module):
         Either every row feeds one token (decode, T == 1) or a single row feeds several (prefill).
         """
         batch, count = tokens.shape
-        positions = start[:, None] + torch.arange(count)  # [B, T]
+        device = tokens.device
+        positions = start[:, None] + torch.arange(count, device=device)  # [B, T]
         span = int(start.max()) + count
         x = self.embed_tokens(tokens) + self.embed_positions(positions)
         # a query attends to its own row's keys up to its own position
-        mask = (torch.arange(span)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, T, span]
-        rows = torch.arange(batch)
+        mask = (torch.arange(span, device=device)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, T, span]
+        rows = torch.arange(batch, device=device)
         first = int(start[0])
-        for layer, (cache_k, cache_v), (cross_k, cross_v) in zip(self.layers, self_kv, cross_kv, strict=True):
-            attn = layer.self_attn
-            h = layer.self_attn_layer_norm(x)
-            q, k, v = attn.split(attn.q_proj(h)), attn.split(attn.k_proj(h)), attn.split(attn.v_proj(h))
-            if count == 1:
-                cache_k[rows, :, start] = k[:, :, 0]
-                cache_v[rows, :, start] = v[:, :, 0]
-            else:
-                cache_k[:, :, first : first + count] = k
-                cache_v[:, :, first : first + count] = v
-            y = F.scaled_dot_product_attention(q, cache_k[:, :, :span], cache_v[:, :, :span], attn_mask=mask)
-            x = x + attn.merge(y)
-            cross = layer.encoder_attn
-            h = layer.encoder_attn_layer_norm(x)
-            y = cross_attention(cross.split(cross.q_proj(h)), cross_k, cross_v)
-            x = x + cross.merge(y)
-            x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
+        with sdpa_kernel(DECODER_SDPA_BACKENDS) if device.type == "cuda" else contextlib.nullcontext():
+            for layer, (cache_k, cache_v), (cross_k, cross_v) in zip(self.layers, self_kv, cross_kv, strict=True):
+                attn = layer.self_attn
+                h = layer.self_attn_layer_norm(x)
+                q, k, v = attn.split(attn.q_proj(h)), attn.split(attn.k_proj(h)), attn.split(attn.v_proj(h))
+                if count == 1:
+                    cache_k[rows, :, start] = k[:, :, 0]
+                    cache_v[rows, :, start] = v[:, :, 0]
+                else:
+                    cache_k[:, :, first : first + count] = k
+                    cache_v[:, :, first : first + count] = v
+                y = F.scaled_dot_product_attention(q, cache_k[:, :, :span], cache_v[:, :, :span], attn_mask=mask)
+                x = x + attn.merge(y)
+                cross = layer.encoder_attn
+                h = layer.encoder_attn_layer_norm(x)
+                y = cross_attention(cross.split(cross.q_proj(h)), cross_k, cross_v)
+                x = x + cross.merge(y)
+                x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
         return self.logits(self.layer_norm(x[:, -1]))
 
 
@@ -183,5 +193,5 @@ class WhisperModel(nn.Module):
         config = self.config
         heads = config.decoder_attention_heads
         shape = (batch, heads, capacity or config.max_target_positions, config.d_model // heads)
-        dtype = self.decoder.embed_tokens.weight.dtype
-        return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in self.decoder.layers]
+        weight = self.decoder.embed_tokens.weight
+        return [(weight.new_zeros(shape), weight.new_zeros(shape)) for _ in self.decoder.layers]

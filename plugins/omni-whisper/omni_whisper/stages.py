@@ -19,6 +19,7 @@ from omni_core.serve.exceptions import InvalidInput
 from omni_whisper.checkpoint import WhisperCheckpoint, load_checkpoint, resolve_checkpoint_dir
 from omni_whisper.cpu_threads import BUSY_DECODERS, ThreadSetter, compute_threads, encoder_workers, turn_lock
 from omni_whisper.decoding import LogitRules, RequestState, Window
+from omni_whisper.dtypes import resolve_dtype
 from omni_whisper.features import log_mel, split_windows
 from omni_whisper.model import WhisperModel
 from omni_whisper.tokenizer import WhisperTokenizer
@@ -26,26 +27,29 @@ from omni_whisper.tokenizer import WhisperTokenizer
 MAX_NEW_TOKENS = 224  # per 30 s window: half the decoder's positions, as in Whisper
 MAX_PROMPT_TOKENS = 223
 ENCODER_CHUNK = 2  # windows per encoder forward: bounds the attention buffers and the turn length
+GPU_ENCODER_CHUNK = 32  # windows a forward on a GPU (fc1's output for 32 large-v3 windows: ~0.5 GB in float16)
 
 
 _LOAD_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=4)
-def _load(checkpoint_dir: str, dtype_name: str) -> tuple[WhisperCheckpoint, WhisperModel, WhisperTokenizer]:
+def _load(checkpoint_dir: str, dtype_name: str, device: str) -> tuple[WhisperCheckpoint, WhisperModel, WhisperTokenizer]:
     checkpoint = load_checkpoint(resolve_checkpoint_dir(checkpoint_dir))
-    if dtype_name == "int8":  # int8 weights, float32 activations
+    if dtype_name == "int8":  # int8 weights, float32 activations (CPU only: resolve_dtype)
         model = WhisperModel.from_checkpoint(checkpoint, torch.float32).quantize_int8()
     else:
-        model = WhisperModel.from_checkpoint(checkpoint, getattr(torch, dtype_name))
+        model = WhisperModel.from_checkpoint(checkpoint, getattr(torch, dtype_name)).to(device)
     tokenizer = WhisperTokenizer(checkpoint.tokenizer_dir, checkpoint.config.vocab_size)
     checkpoint.state_dict = {}  # the model holds the weights now
     return checkpoint, model, tokenizer
 
 
-def load_model(checkpoint_dir: str, dtype_name: str = "float32"):
+def load_model(checkpoint_dir: str, dtype_name: str = "float32", device: str = "cpu"):
+    """(checkpoint, model, tokenizer) with the model in ``dtype_name`` (resolved: not ``auto``)
+    on ``device``; one load per process for each such triple."""
     with _LOAD_LOCK:
-        return _load(str(checkpoint_dir), dtype_name)
+        return _load(str(checkpoint_dir), dtype_name, str(torch.device(device)))
 
 
 def _options(context) -> dict[str, Any]:
@@ -55,8 +59,8 @@ def _options(context) -> dict[str, Any]:
 class Frontend:
     """Checks the request and turns its audio into 30 s log-mel windows."""
 
-    def __init__(self, checkpoint_dir: str, dtype: str):
-        self.checkpoint, _, self.tokenizer = load_model(checkpoint_dir, dtype)
+    def __init__(self, checkpoint_dir: str, dtype: str, device: str = "cpu"):
+        self.checkpoint, _, self.tokenizer = load_model(checkpoint_dir, dtype, device)
 
     def __call__(self, message, emit) -> None:
         payload = message.payload
@@ -97,21 +101,26 @@ class Frontend:
 class Encoder:
     """Encodes the windows of every request in the batch together."""
 
-    def __init__(self, checkpoint_dir: str, dtype: str, threads: str = "shared"):
-        _, self.model, _ = load_model(checkpoint_dir, dtype)
-        self.dtype = self.model.encoder.conv1.weight.dtype
+    def __init__(self, checkpoint_dir: str, dtype: str, threads: str = "shared", device: str = "cpu"):
+        _, self.model, _ = load_model(checkpoint_dir, dtype, device)
+        weight = self.model.encoder.conv1.weight
+        self.dtype, self.device = weight.dtype, weight.device
         self.lock = turn_lock(threads)
-        self.workers, self.set_threads = encoder_workers(threads), ThreadSetter(compute_threads(threads))
-        # int8 quantises activations per tensor: one window per forward keeps a window's result
-        # independent of the windows it is batched with (pairs moved the error rate by 3 points)
-        self.chunk = 1 if self.workers > 1 or dtype == "int8" else ENCODER_CHUNK
+        self.set_threads = ThreadSetter(compute_threads(threads))
+        if self.device.type != "cpu":  # a GPU takes the batch's windows in few, large forwards
+            self.workers, self.chunk = 1, GPU_ENCODER_CHUNK
+        else:
+            # int8 quantises activations per tensor: one window per forward keeps a window's result
+            # independent of the windows it is batched with (pairs moved the error rate by 3 points)
+            self.workers = encoder_workers(threads)
+            self.chunk = 1 if self.workers > 1 or dtype == "int8" else ENCODER_CHUNK
 
     def _encode(self, chunk: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(), self.lock:
             return self.model.encoder(chunk)
 
     def process(self, messages, emit) -> None:
-        mels = torch.cat([m.payload["mel"] for m in messages]).to(self.dtype)
+        mels = torch.cat([m.payload["mel"] for m in messages]).to(self.device, self.dtype)
         chunks = mels.split(self.chunk)
         if self.workers > 1 and len(chunks) > 1:
             # a pool per batch (thread start-up is negligible next to a window) leaves no threads behind
@@ -136,8 +145,8 @@ class Encoder:
 class DecoderWorker:
     """What the ``whisper-decode`` engine needs: the model, tokenizer and decoding rules."""
 
-    def __init__(self, checkpoint_dir: str, dtype: str, threads: str = "shared"):
-        checkpoint, self.model, self.tokenizer = load_model(checkpoint_dir, dtype)
+    def __init__(self, checkpoint_dir: str, dtype: str, threads: str = "shared", device: str = "cpu"):
+        checkpoint, self.model, self.tokenizer = load_model(checkpoint_dir, dtype, device)
         self.set_threads = ThreadSetter(compute_threads(threads))
         self.lock = turn_lock(threads)
         config = checkpoint.config
@@ -177,11 +186,12 @@ class DecoderWorker:
         """The most likely language token after ``<|startoftranscript|>`` given one window's
         encoding [S, D] (the request's first 30 s, as Whisper detects it)."""
         codes = {token_id: code for code, token_id in self.tokenizer.languages.items()}
-        ids = torch.tensor(sorted(codes))
+        device = encoded.device
+        ids = torch.tensor(sorted(codes), device=device)
         with torch.inference_mode(), self.lock:
             logits = self.model.decoder(
-                torch.tensor([[self.tokenizer.sot]]),
-                torch.zeros(1, dtype=torch.long),
+                torch.tensor([[self.tokenizer.sot]], device=device),
+                torch.zeros(1, dtype=torch.long, device=device),
                 self.model.new_self_cache(1, capacity=1),
                 self.model.decoder.cross_kv(encoded[None]),
             )
@@ -189,12 +199,12 @@ class DecoderWorker:
 
 
 def frontend_factory(context, checkpoint_dir: str, dtype: str = "float32"):
-    return Frontend(checkpoint_dir, dtype)
+    return Frontend(checkpoint_dir, resolve_dtype(dtype, context.device), context.device)
 
 
 def encoder_factory(context, checkpoint_dir: str, dtype: str = "float32", threads: str = "shared"):
-    return Encoder(checkpoint_dir, dtype, threads)
+    return Encoder(checkpoint_dir, resolve_dtype(dtype, context.device), threads, context.device)
 
 
 def decoder_factory(context, checkpoint_dir: str, dtype: str = "float32", threads: str = "shared"):
-    return DecoderWorker(checkpoint_dir, dtype, threads)
+    return DecoderWorker(checkpoint_dir, resolve_dtype(dtype, context.device), threads, context.device)

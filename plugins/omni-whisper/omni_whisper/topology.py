@@ -8,34 +8,17 @@ import functools
 from omni_core.pipeline import Edge, StageSpec, Topology
 
 from omni_whisper import stages
-from omni_whisper.cpu_features import cpu_has_native_bf16, cpu_has_vnni
 from omni_whisper.cpu_threads import check_mode
-from omni_whisper.int8 import int8_supported
-
-
-def resolve_dtype(name: str) -> str:
-    """``auto``: int8 where the CPU has VNNI int8 instructions (measured faster than bfloat16 at
-    concurrency 1 and 16, same word error rate within a point), else bfloat16 where it has native
-    bf16, else float32."""
-    if name == "auto":
-        if int8_supported()[0] and cpu_has_vnni():
-            return "int8"
-        return "bfloat16" if cpu_has_native_bf16() else "float32"
-    if name not in ("float32", "bfloat16", "int8"):
-        raise ValueError(f"whisper: dtype must be auto, float32, bfloat16 or int8, not {name!r}")
-    if name == "int8":
-        supported, reason = int8_supported()
-        if not supported:
-            raise ValueError(f"whisper: dtype int8 is not available here: {reason}")
-    return name
+from omni_whisper.dtypes import check_dtype
 
 
 def build(checkpoint_dir: str, options: dict) -> Topology:
-    """Options: ``dtype`` (auto | int8 | bfloat16 | float32; see ``resolve_dtype``), ``threads``
-    (split | shared, default split; see ``cpu_threads``), ``max_batch`` (decoder rows, 32),
+    """Options: ``dtype`` (auto | int8 | bfloat16 | float16 | float32; each stage resolves it for
+    its device: ``dtypes.resolve_dtype``), ``threads`` (split | shared, default split; see
+    ``cpu_threads``; CPU only), ``max_batch`` (decoder rows, 32),
     ``encoder_batch`` (requests encoded together, 8), ``batch_window_ms`` (encoder, 5),
     ``temperature_fallback`` (default False)."""
-    dtype = resolve_dtype(str(options.get("dtype", "auto")))
+    dtype = check_dtype(str(options.get("dtype", "auto")))
     threads = str(options.get("threads", "split"))
     check_mode(threads)  # a bad value fails here, before any stage starts
     encoder_options = {

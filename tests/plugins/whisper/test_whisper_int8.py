@@ -49,3 +49,12 @@ def test_int8_pipeline_transcribes_spoken_sentences(threads, spoken_16k, sentenc
     error_rate = jiwer.wer([_words(s) for s in sentences], [_words(t) for t in texts])
     assert error_rate <= 0.25, list(zip(sentences, texts, strict=True))
     assert decoder["rows"] == 0 and decoder["running"] == 0
+
+
+def test_dtype_resolves_for_each_device():
+    from omni_whisper.dtypes import resolve_dtype
+
+    assert resolve_dtype("auto", "cuda:0") == "float16" and resolve_dtype("bfloat16", "cuda") == "bfloat16"
+    assert resolve_dtype("auto", "cpu") in ("int8", "bfloat16", "float32")
+    with pytest.raises(ValueError, match="int8 runs on CPUs only"):
+        resolve_dtype("int8", "cuda")

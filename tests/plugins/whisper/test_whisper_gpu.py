@@ -1,0 +1,59 @@
+"""Whisper on a CUDA device: the pipeline (encoder batches and decoder rows on the GPU) against
+transformers' Whisper on the same GPU and weights (the tiny presets), float32, token for token.
+The clips are noise and tones: GPU machines need neither espeak-ng nor the bundled weights."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+from omni_core.api import Omni
+from omni_whisper.features import log_mel, split_windows
+from omni_whisper.presets import write_tiny, write_tiny_multilingual
+from omni_whisper.tokenizer import WhisperTokenizer
+from transformers import WhisperForConditionalGeneration
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _clips() -> list[np.ndarray]:
+    rng = np.random.default_rng(5)
+    t = np.arange(16000 * 4) / 16000
+    tones = [(0.3 * np.sin(2 * np.pi * f * t)).astype(np.float32) for f in (220.0, 440.0)]
+    return [(0.1 * rng.standard_normal(16000 * 3)).astype(np.float32), *tones]
+
+
+def _mel(audio: np.ndarray) -> torch.Tensor:
+    return log_mel(split_windows(torch.from_numpy(audio))[0]).cuda()
+
+
+def test_pipeline_on_cuda_equals_transformers_and_batches(tmp_path):
+    path = write_tiny(str(tmp_path / "tiny"))
+    reference = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    tokenizer = WhisperTokenizer(path, reference.config.vocab_size)
+    clips = _clips()
+    with Omni(family="whisper", model=path, device="cuda", options={"dtype": "float32"}) as omni:
+        alone = [omni.transcribe(clip, 16000).text for clip in clips]
+        with ThreadPoolExecutor(len(clips)) as pool:  # decoded in one batch of rows
+            together = list(pool.map(lambda clip: omni.transcribe(clip, 16000).text, clips))
+    assert together == alone
+    for clip, text in zip(clips, alone, strict=True):
+        with torch.inference_mode():
+            expected = reference.generate(_mel(clip), max_new_tokens=224)[0].tolist()
+        assert text == tokenizer.decode(expected).strip()
+
+
+def test_language_detection_and_translation_on_cuda(tmp_path):
+    path = write_tiny_multilingual(str(tmp_path / "tiny-multilingual"))
+    reference = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    tokenizer = WhisperTokenizer(path, reference.config.vocab_size)
+    clip = _clips()[0]
+    with Omni(family="whisper", model=path, device="cuda", options={"dtype": "float32"}) as omni:
+        result = omni.translate(clip, 16000)
+    with torch.inference_mode():
+        language = int(reference.detect_language(_mel(clip))[0])
+        expected = reference.generate(_mel(clip), task="translate", max_new_tokens=224)[0].tolist()
+    assert tokenizer.languages[result.language] == language
+    assert result.text == tokenizer.decode(expected).strip()
