@@ -3,20 +3,24 @@
 Rows live in preallocated tensors (self-attention cache up to the decoder's 448 positions, and
 cross-attention keys/values of the row's window) and stay packed in rows ``0..n-1``: a finished
 row is replaced by the last one, so every step works on views, never on gathered copies.
+On CUDA a step replays a captured graph of the decoder (``decode_graphs``) unless told not to.
 """
 
 from __future__ import annotations
 
 import torch
 
+from omni_whisper.decode_graphs import DecodeGraphs
 from omni_whisper.decoding import LogitRules, Window
 from omni_whisper.model import WhisperModel
 
 
 class DecodeBatch:
-    def __init__(self, model: WhisperModel, rules: LogitRules, capacity: int, source_positions: int):
+    def __init__(self, model: WhisperModel, rules: LogitRules, capacity: int, source_positions: int,
+                 cuda_graphs: bool = True):
         self.model, self.rules, self.capacity = model, rules, capacity
         self.device = model.decoder.embed_tokens.weight.device
+        self.graphs = DecodeGraphs(model, capacity) if cuda_graphs and self.device.type == "cuda" else None
         self.max_positions = model.config.max_target_positions
         self.source_positions = source_positions
         self.allocated = 0
@@ -75,12 +79,15 @@ class DecodeBatch:
         """One decoder step for every row; returns the rows whose window finished."""
         count = len(self.windows)
         with torch.inference_mode():
-            logits = self.model.decoder(
-                torch.tensor(self.feed, device=self.device)[:, None],
-                torch.tensor(self.lengths, device=self.device),
-                [(k[:count], v[:count]) for k, v in self.self_kv],
-                [(k[:count], v[:count]) for k, v in self.cross_kv],
-            ).float()
+            if self.graphs is not None:
+                logits = self.graphs.logits(self.feed, self.lengths, self.self_kv, self.cross_kv).float()
+            else:
+                logits = self.model.decoder(
+                    torch.tensor(self.feed, device=self.device)[:, None],
+                    torch.tensor(self.lengths, device=self.device),
+                    [(k[:count], v[:count]) for k, v in self.self_kv],
+                    [(k[:count], v[:count]) for k, v in self.cross_kv],
+                ).float()
             self.rules.apply(logits, self.windows)
             logprobs = torch.log_softmax(logits, dim=-1)
             chosen = logits.argmax(dim=-1)

@@ -6,7 +6,8 @@ admission. This executor keeps both in a packed ``DecodeBatch``: windows of ever
 and leave the running batch between steps. See docs/families/whisper.md.
 
 Stage options: ``max_batch`` (rows decoded together, default 32), ``temperature_fallback``
-(default False; see ``finish_window``).
+(default False; see ``finish_window``), ``cuda_graphs`` (default True: decode steps on CUDA
+replay captured graphs, ``decode_graphs``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class WhisperDecodeExecutor(Executor):
 
     def start(self) -> None:
         self.worker = self.stage.factory(self.context)  # a DecoderWorker: model, tokenizer, rules
-        self.batch = DecodeBatch(self.worker.model, self.worker.rules, self.capacity, self.worker.source_positions)
+        self.batch = DecodeBatch(self.worker.model, self.worker.rules, self.capacity, self.worker.source_positions,
+                                 cuda_graphs=bool(self.options.get("cuda_graphs", True)))
         self._thread = threading.Thread(target=self._run, name=f"omni-whisper-{self.context.stage}", daemon=True)
         self._thread.start()
 
@@ -74,6 +76,7 @@ class WhisperDecodeExecutor(Executor):
             "waiting_windows": len(self._waiting),
             "steps": self.steps,
             "fallbacks": self.fallbacks,
+            "graph_replays": self.batch.graphs.replays if self._thread and self.batch.graphs else 0,
         }
 
     # -- the loop ---------------------------------------------------------------------------------

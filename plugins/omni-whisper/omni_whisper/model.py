@@ -124,22 +124,25 @@ class Decoder(nn.Module):
         start: torch.Tensor,
         self_kv: list[tuple[torch.Tensor, torch.Tensor]],
         cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        span: int | None = None,
     ) -> torch.Tensor:
         """Logits of each row's last token.
 
         ``tokens`` [B, T] continue each row's sequence at position ``start[b]``; their keys and
         values are written into ``self_kv`` (per layer [B, H, capacity, hd]) at those positions.
         Either every row feeds one token (decode, T == 1) or a single row feeds several (prefill).
+        ``span``: cache positions the queries look at (masked past each row's own); by default
+        the longest row's, read from ``start`` (a sync with the device; a CUDA graph passes it).
         """
         batch, count = tokens.shape
         device = tokens.device
         positions = start[:, None] + torch.arange(count, device=device)  # [B, T]
-        span = int(start.max()) + count
+        span = span or int(start.max()) + count
         x = self.embed_tokens(tokens) + self.embed_positions(positions)
         # a query attends to its own row's keys up to its own position
         mask = (torch.arange(span, device=device)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, T, span]
         rows = torch.arange(batch, device=device)
-        first = int(start[0])
+        first = int(start[0]) if count > 1 else 0  # prefill: one row, a contiguous run of positions
         with sdpa_kernel(DECODER_SDPA_BACKENDS) if device.type == "cuda" else contextlib.nullcontext():
             for layer, (cache_k, cache_v), (cross_k, cross_v) in zip(self.layers, self_kv, cross_kv, strict=True):
                 attn = layer.self_attn

@@ -17,7 +17,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     its device: ``dtypes.resolve_dtype``), ``threads`` (split | shared, default split; see
     ``cpu_threads``; CPU only), ``max_batch`` (decoder rows, 32),
     ``encoder_batch`` (requests encoded together, 8), ``batch_window_ms`` (encoder, 5),
-    ``temperature_fallback`` (default False)."""
+    ``temperature_fallback`` (default False), ``cuda_graphs`` (default True; decode steps on CUDA)."""
     dtype = check_dtype(str(options.get("dtype", "auto")))
     threads = str(options.get("threads", "split"))
     check_mode(threads)  # a bad value fails here, before any stage starts
@@ -28,6 +28,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     decoder_options = {
         "max_batch": int(options.get("max_batch", 32)),
         "temperature_fallback": bool(options.get("temperature_fallback", False)),
+        "cuda_graphs": bool(options.get("cuda_graphs", True)),
     }
     make = functools.partial
     return Topology(

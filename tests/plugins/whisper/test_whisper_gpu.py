@@ -21,24 +21,29 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def _clips() -> list[np.ndarray]:
     rng = np.random.default_rng(5)
     t = np.arange(16000 * 4) / 16000
-    tones = [(0.3 * np.sin(2 * np.pi * f * t)).astype(np.float32) for f in (220.0, 440.0)]
-    return [(0.1 * rng.standard_normal(16000 * 3)).astype(np.float32), *tones]
+    tones = [(0.3 * np.sin(2 * np.pi * f * t)).astype(np.float32) for f in (220.0, 440.0, 880.0)]
+    noise = [(0.1 * rng.standard_normal(16000 * s)).astype(np.float32) for s in (3, 2, 5)]
+    return [*noise, *tones]
 
 
 def _mel(audio: np.ndarray) -> torch.Tensor:
     return log_mel(split_windows(torch.from_numpy(audio))[0]).cuda()
 
 
-def test_pipeline_on_cuda_equals_transformers_and_batches(tmp_path):
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_pipeline_on_cuda_equals_transformers_and_batches(tmp_path, cuda_graphs):
     path = write_tiny(str(tmp_path / "tiny"))
     reference = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).cuda().eval()
     tokenizer = WhisperTokenizer(path, reference.config.vocab_size)
     clips = _clips()
-    with Omni(family="whisper", model=path, device="cuda", options={"dtype": "float32"}) as omni:
+    options = {"dtype": "float32", "cuda_graphs": cuda_graphs, "max_batch": 8}  # six rows at once: the caches grow past 4
+    with Omni(family="whisper", model=path, device="cuda", options=options) as omni:
         alone = [omni.transcribe(clip, 16000).text for clip in clips]
         with ThreadPoolExecutor(len(clips)) as pool:  # decoded in one batch of rows
             together = list(pool.map(lambda clip: omni.transcribe(clip, 16000).text, clips))
+        decoder = omni.stats()["stages"]["decoder"]
     assert together == alone
+    assert (decoder["graph_replays"] == decoder["steps"] > 0) if cuda_graphs else decoder["graph_replays"] == 0
     for clip, text in zip(clips, alone, strict=True):
         with torch.inference_mode():
             expected = reference.generate(_mel(clip), max_new_tokens=224)[0].tolist()
@@ -49,7 +54,7 @@ def test_language_detection_and_translation_on_cuda(tmp_path):
     path = write_tiny_multilingual(str(tmp_path / "tiny-multilingual"))
     reference = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).cuda().eval()
     tokenizer = WhisperTokenizer(path, reference.config.vocab_size)
-    clip = _clips()[0]
+    clip = _clips()[0]  # noise
     with Omni(family="whisper", model=path, device="cuda", options={"dtype": "float32"}) as omni:
         result = omni.translate(clip, 16000)
     with torch.inference_mode():
