@@ -89,18 +89,19 @@ class DecodeBatch:
                     [(k[:count], v[:count]) for k, v in self.cross_kv],
                 ).float()
             self.rules.apply(logits, self.windows)
-            logprobs = torch.log_softmax(logits, dim=-1)
             chosen = logits.argmax(dim=-1)
-            temperatures = torch.tensor([w.temperature for w in self.windows], device=self.device)
-            sampled = temperatures > 0
-            if bool(sampled.any()):
+            temperatures = [w.temperature for w in self.windows]
+            if any(t > 0 for t in temperatures):  # decided on the host: no wait on the device
+                temperatures = torch.tensor(temperatures, device=self.device)
+                sampled = temperatures > 0
                 probs = torch.softmax(logits[sampled] / temperatures[sampled, None], dim=-1)
                 chosen[sampled] = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
-            picked = logprobs.gather(1, chosen[:, None])[:, 0]
-            chosen, picked = chosen.tolist(), picked.tolist()  # one copy to the host each
+            picked = logits.gather(1, chosen[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)  # log-probability
+            # tokens and log-probabilities in one copy to the host (token ids < 2^24: exact as float32)
+            chosen, picked = torch.stack([chosen.float(), picked]).tolist()
         finished = []
         eot = self.rules.tok.eot
-        for row, (window, token, logprob) in enumerate(zip(self.windows, chosen, picked, strict=True)):
+        for row, (window, token, logprob) in enumerate(zip(self.windows, map(int, chosen), picked, strict=True)):
             window.tokens.append(token)
             window.logprob_sum += logprob
             self.lengths[row] += 1
