@@ -229,6 +229,7 @@ class Omni:
         temperature: float = 0.0,
         timestamps: bool = False,
         task: str = "transcription",
+        word_timestamps: bool = False,
     ) -> dict[str, Any]:
         """The entry payload of a transcription (or, with ``task="translation"``, of a translation
         into English; ``language`` is the speech's, detected where the family can when unset)."""
@@ -246,6 +247,7 @@ class Omni:
             timestamps=timestamps,
             limits=self.limits,
             task=task,
+            word_timestamps=word_timestamps,
         )
 
     def chat_inputs(

@@ -117,6 +117,7 @@ def transcription_inputs(
     timestamps: bool,
     limits: Limits,
     task: str = "transcription",
+    word_timestamps: bool = False,
 ) -> dict[str, Any]:
     """The entry payload of a transcription, or of a translation (``task="translation"``: the
     text comes out in English; ``language`` is then the speech's)."""
@@ -130,6 +131,7 @@ def transcription_inputs(
         "prompt": prompt or None,
         "temperature": float(temperature),
         "timestamps": bool(timestamps),
+        "word_timestamps": bool(word_timestamps),  # segments carry "words" where the family can
     }
 
 

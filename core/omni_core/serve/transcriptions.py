@@ -116,6 +116,7 @@ async def _audio_to_text(request: Request, endpoint: str, task: str):
             temperature=temperature,
             timestamps=bool(granularities) or fmt in ("verbose_json", "srt", "vtt"),
             task=task,
+            word_timestamps="word" in granularities,
         )
         seconds = len(inputs["audio"]) / (omni.spec.input_sample_rate or 16000)
         handle = slot.track(omni.submit(inputs))

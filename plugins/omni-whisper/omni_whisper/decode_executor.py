@@ -189,7 +189,13 @@ class WhisperDecodeExecutor(Executor):
         tok = self.worker.tokenizer
         segments = []
         for index in range(len(request.windows)):
-            segments += window_segments(tok, request.done[index])
+            window_segs = window_segments(tok, request.done[index])
+            if request.word_timestamps and window_segs:
+                for word in self.worker.words(request, request.done[index]):
+                    # a word goes to the last segment starting at or before it
+                    seg = next((s for s in reversed(window_segs) if s["start"] <= word["start"]), window_segs[0])
+                    seg.setdefault("words", []).append(word)
+            segments += window_segs
         tokens = sum(len(w.tokens) for w in request.done.values())
         payload = {
             "text": request.text,

@@ -46,6 +46,7 @@ class RequestState:
     task: str  # transcribe | translate
     duration: float
     live: bool  # stream tokens as they decode (no fallback can revise them)
+    word_timestamps: bool = False  # segments carry "words" (timing.py)
     done: dict[int, Window] = field(default_factory=dict)
     emit_index: int = 0  # window whose text streams now
     sent: str = ""  # text of that window already sent

@@ -21,12 +21,15 @@ from transformers import WhisperConfig
 DECODER_SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weights_out: list | None = None) -> torch.Tensor:
     """Attention of a few decoder queries over a window's 1500 encoder positions, as two batched
     matmuls. SDPA's CPU flash kernel tiles over queries and is slow for one query per row (~5x in
-    bfloat16, measured); the softmax runs in float32 whatever the cache dtype."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (q.shape[-1] ** -0.5)
-    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
+    bfloat16, measured); the softmax runs in float32 whatever the cache dtype. ``weights_out``
+    receives the attention weights [B, H, T, S] (word timestamps read them)."""
+    weights = (torch.matmul(q, k.transpose(-1, -2)).float() * (q.shape[-1] ** -0.5)).softmax(dim=-1)
+    if weights_out is not None:
+        weights_out.append(weights)
+    return torch.matmul(weights.to(v.dtype), v)
 
 
 class Attention(nn.Module):
@@ -125,6 +128,7 @@ class Decoder(nn.Module):
         self_kv: list[tuple[torch.Tensor, torch.Tensor]],
         cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
         span: int | None = None,
+        cross_weights: list | None = None,
     ) -> torch.Tensor:
         """Logits of each row's last token.
 
@@ -133,6 +137,7 @@ class Decoder(nn.Module):
         Either every row feeds one token (decode, T == 1) or a single row feeds several (prefill).
         ``span``: cache positions the queries look at (masked past each row's own); by default
         the longest row's, read from ``start`` (a sync with the device; a CUDA graph passes it).
+        ``cross_weights``: receives each layer's cross-attention weights [B, H, T, S].
         """
         batch, count = tokens.shape
         device = tokens.device
@@ -158,7 +163,7 @@ class Decoder(nn.Module):
                 x = x + attn.merge(y)
                 cross = layer.encoder_attn
                 h = layer.encoder_attn_layer_norm(x)
-                y = cross_attention(cross.split(cross.q_proj(h)), cross_k, cross_v)
+                y = cross_attention(cross.split(cross.q_proj(h)), cross_k, cross_v, cross_weights)
                 x = x + cross.merge(y)
                 x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
         return self.logits(self.layer_norm(x[:, -1]))

@@ -22,6 +22,7 @@ from omni_whisper.decoding import LogitRules, RequestState, Window
 from omni_whisper.dtypes import resolve_dtype
 from omni_whisper.features import log_mel, split_windows
 from omni_whisper.model import WhisperModel
+from omni_whisper.timing import window_words
 from omni_whisper.tokenizer import WhisperTokenizer
 
 MAX_NEW_TOKENS = 224  # per 30 s window: half the decoder's positions, as in Whisper
@@ -93,6 +94,7 @@ class Frontend:
                 "language": language,
                 "temperature": temperature,
                 "timestamps": bool(payload.get("timestamps")),
+                "word_timestamps": bool(payload.get("word_timestamps")),
                 "duration": audio.numel() / 16000,
             },
         )
@@ -152,6 +154,16 @@ class DecoderWorker:
         config = checkpoint.config
         self.source_positions = config.max_source_positions
         self.rules = LogitRules(self.tokenizer, checkpoint.suppress_ids, checkpoint.begin_suppress_ids, config.vocab_size)
+        # the cross-attention heads that track time; without the checkpoint's list, every head of
+        # the second half of the decoder (as Whisper does)
+        layers, heads = config.decoder_layers, config.decoder_attention_heads
+        self.alignment_heads = checkpoint.alignment_heads or [[i, h] for i in range(layers // 2, layers) for h in range(heads)]
+
+    def words(self, request: RequestState, window: Window) -> list[dict]:
+        """Word timestamps of a decoded window (``timing``)."""
+        with self.lock:
+            return window_words(self.model, self.tokenizer, request.encoded[window.index], window.prompt, window.tokens,
+                                self.alignment_heads, window.offset, window.duration)
 
     def new_request(self, request_id: str, payload: dict, live: bool):
         language = payload["language"] or self.detect_language(payload["encoded"][0])
@@ -180,6 +192,7 @@ class DecoderWorker:
             task=task,
             duration=float(payload["duration"]),
             live=live,
+            word_timestamps=bool(payload.get("word_timestamps")),
         )
 
     def detect_language(self, encoded: torch.Tensor) -> str:

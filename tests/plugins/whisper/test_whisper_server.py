@@ -63,6 +63,12 @@ def test_response_formats(client, spoken):
     first, last = verbose.segments[0], verbose.segments[-1]
     assert 0.0 <= first.start < 1.0 and first.start < first.end <= verbose.duration + 0.01 and last.end > 1.0
 
+    timed = client.audio.transcriptions.create(
+        model="whisper", file=audio, response_format="verbose_json", timestamp_granularities=["word", "segment"]
+    )
+    assert _words(" ".join(w.word for w in timed.words)) == _words(timed.text) and timed.segments
+    assert all(a.start <= b.start and a.start <= a.end <= verbose.duration for a, b in zip(timed.words, timed.words[1:], strict=False))
+
     srt = client.audio.transcriptions.create(model="whisper", file=audio, response_format="srt")
     assert re.match(r"1\n00:00:0\d,\d{3} --> 00:00:0\d,\d{3}\n\S", srt)
     vtt = client.audio.transcriptions.create(model="whisper", file=audio, response_format="vtt")

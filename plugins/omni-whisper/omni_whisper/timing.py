@@ -1,0 +1,120 @@
+"""Word timestamps from the decoder's cross-attention, the way Whisper derives them.
+
+Once a window has decoded, one teacher-forced decoder pass over its prompt and tokens records
+the cross-attention weights of the checkpoint's alignment heads (``alignment_heads``: layer,
+head). Kept for the encoder frames the audio covers, standardised over the tokens for each
+frame, median-filtered along time and averaged over the heads, they form a token x frame
+similarity; dynamic time warping finds the monotonic path through it, and a token starts at the
+first frame its row (the query where the token is fed) reaches, 20 ms a frame.
+
+Words are runs of text tokens whose first token starts with a space; punctuation tokens join
+the word before. As in Whisper, a token's row is the query that predicts it, so a word starts
+at its first token's time and ends at the time of the token after it (the last word: where the
+end of text is predicted). A pause before a word would otherwise count as part of the word: no
+word starts more than twice the median word duration (at most 0.7 s) before its end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from omni_whisper.model import WhisperModel
+from omni_whisper.tokenizer import WhisperTokenizer
+
+MEDIAN_WIDTH = 7
+SECONDS_PER_FRAME = 0.02  # one encoder position
+MAX_MEDIAN_WORD = 0.7  # s: the median word duration the pause rule assumes at most
+PUNCTUATION = set("\"'“¿([{-.。,，!！?？:：”)]}、")
+
+
+def alignment_weights(model: WhisperModel, encoded: torch.Tensor, tokens: list[int], heads: list[list[int]]) -> torch.Tensor:
+    """Cross-attention weights [heads, len(tokens), S] of ``tokens`` fed to the decoder at once."""
+    device = encoded.device
+    captured: list[torch.Tensor] = []
+    with torch.inference_mode():
+        model.decoder(
+            torch.tensor([tokens], device=device),
+            torch.zeros(1, dtype=torch.long, device=device),
+            model.new_self_cache(1, capacity=len(tokens)),
+            model.decoder.cross_kv(encoded[None]),
+            cross_weights=captured,
+        )
+    return torch.stack([captured[layer][0, head] for layer, head in heads]).float()
+
+
+def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Median over a sliding window of odd ``width`` along the last dimension, edges reflected."""
+    half = width // 2
+    if x.shape[-1] <= half:
+        return x
+    flat = x.reshape(-1, 1, x.shape[-1])  # reflect padding takes a 3-D input
+    padded = torch.nn.functional.pad(flat, (half, half), mode="reflect").reshape(*x.shape[:-1], -1)
+    return padded.unfold(-1, width, 1).median(dim=-1).values
+
+
+def monotonic_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cheapest monotonic path from the top-left to the bottom-right of ``cost`` [N, M]
+    (steps: diagonal, down, right; ties go right, then down). Returns its row and column indices.
+    Cells on one anti-diagonal depend only on the two before, so each diagonal is one vector step."""
+    rows, cols = cost.shape
+    total = np.full((rows + 1, cols + 1), np.inf, dtype=np.float32)
+    move = np.full((rows + 1, cols + 1), 2, dtype=np.int8)  # 0 diagonal, 1 down, 2 right
+    total[0, 0] = 0
+    for d in range(2, rows + cols + 1):
+        i = np.arange(max(1, d - cols), min(rows, d - 1) + 1)
+        j = d - i
+        diag, down, right = total[i - 1, j - 1], total[i - 1, j], total[i, j - 1]
+        pick = np.where((diag < down) & (diag < right), 0, np.where((down < diag) & (down < right), 1, 2))
+        best = np.choose(pick, [diag, down, right])
+        total[i, j] = cost[i - 1, j - 1] + best
+        move[i, j] = pick
+    move[0, :], move[:, 0] = 2, 1
+    path_rows, path_cols = [], []
+    i, j = rows, cols
+    while i > 0 or j > 0:
+        path_rows.append(i - 1)
+        path_cols.append(j - 1)
+        step = move[i, j]
+        i, j = (i - 1, j - 1) if step == 0 else (i - 1, j) if step == 1 else (i, j - 1)
+    return np.array(path_rows[::-1]), np.array(path_cols[::-1])
+
+
+def token_times(weights: torch.Tensor, frames: int) -> np.ndarray:
+    """Start time (s) of each token from its alignment weights [heads, tokens, S]; ``frames``: mel
+    frames of the audio (two per encoder position)."""
+    w = weights[:, :, : max(1, frames // 2)]
+    std, mean = torch.std_mean(w, dim=-2, keepdim=True, unbiased=False)
+    w = median_filter((w - mean) / std, MEDIAN_WIDTH).mean(dim=0)
+    path_rows, path_cols = monotonic_path(-w.double().numpy())
+    starts = np.pad(np.diff(path_rows), (1, 0), constant_values=1).astype(bool)
+    return path_cols[starts] * SECONDS_PER_FRAME
+
+
+def window_words(model: WhisperModel, tok: WhisperTokenizer, encoded: torch.Tensor, prompt: list[int],
+                 tokens: list[int], heads: list[list[int]], offset: float, duration: float) -> list[dict]:
+    """``[{"word", "start", "end"}]`` (seconds from the request's start) of a decoded window."""
+    text = [t for t in tokens if t < tok.eot]
+    if not text or not heads:
+        return []
+    # the rows of the queries that predict each text token and then the end of text: a token
+    # starts where the query predicting it does, and the last word ends where the end is predicted
+    weights = alignment_weights(model, encoded, [*prompt, *text], heads)[:, len(prompt) - 1 :]
+    times = token_times(weights, int(duration * 100))
+    spans: list[list] = []  # [word, first token, end token]
+    for index, token in enumerate(text):
+        piece = tok.decode([token])
+        if spans and (not piece.startswith(" ") or piece.strip() in PUNCTUATION):
+            spans[-1][0] += piece
+            spans[-1][2] = index + 1
+        else:
+            spans.append([piece, index, index + 1])
+    starts = np.array([times[a] for _, a, _ in spans])
+    ends = np.array([times[b] for _, _, b in spans])
+    # a pause before a word aligns to the word: none lasts more than twice the median word (capped)
+    longest = 2 * min(MAX_MEDIAN_WORD, float(np.median(ends - starts)))
+    starts = np.maximum(starts, ends - max(longest, SECONDS_PER_FRAME))
+    return [
+        {"word": word.strip(), "start": round(offset + float(min(start, duration)), 2), "end": round(offset + float(min(end, duration)), 2)}
+        for (word, _, _), start, end in zip(spans, starts, ends, strict=True)
+    ]

@@ -1,0 +1,68 @@
+"""Word timestamps (``timing.py``) on the real tiny.en weights and espeak-ng speech: the
+alignment machinery (standardisation, median filter, time warping) gives transformers' token
+timestamps on the same weights, and words line up with the transcript and with where the speech
+is in the audio."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from omni_core.api import Omni
+from omni_whisper.checkpoint import bundled_model_dir
+from omni_whisper.features import log_mel, split_windows
+from omni_whisper.stages import DecoderWorker
+from omni_whisper.timing import alignment_weights, token_times
+from transformers import WhisperForConditionalGeneration
+
+LEAD, TAIL = 1.0, 0.5  # seconds of silence around the sentence
+
+
+@pytest.fixture(scope="module")
+def padded(spoken_16k) -> list[tuple[np.ndarray, float]]:
+    """(audio, where its speech ends) for three sentences with silence before and after."""
+    out = []
+    for speech in spoken_16k[2:5]:
+        silence = np.zeros(int(16000 * LEAD), np.float32)
+        out.append((np.concatenate([silence, speech, silence[: int(16000 * TAIL)]]), LEAD + len(speech) / 16000))
+    return out
+
+
+def _words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def test_token_times_equal_transformers(bundled_hf_dir, padded):
+    reference = WhisperForConditionalGeneration.from_pretrained(bundled_hf_dir, dtype=torch.float32).eval()
+    worker = DecoderWorker(str(bundled_model_dir()), "float32")
+    tok = worker.tokenizer
+    for audio, _ in padded:
+        frames = int(len(audio) / 16000 * 100)
+        mel = log_mel(split_windows(torch.from_numpy(audio))[0])
+        mask = torch.zeros(1, mel.shape[-1], dtype=torch.long)
+        mask[0, :frames] = 1
+        with torch.inference_mode():
+            out = reference.generate(mel, return_token_timestamps=True, attention_mask=mask, max_new_tokens=224)
+            encoded = worker.model.encoder(mel)[0]
+        text = [t for t in out["sequences"][0].tolist() if t < tok.eot]
+        prompt = [tok.sot, tok.no_timestamps]
+        # transformers' rows: the queries where each text token is fed
+        weights = alignment_weights(worker.model, encoded, [*prompt, *text], worker.alignment_heads)[:, len(prompt) :]
+        expected = out["token_timestamps"][0, : len(text)].numpy()
+        np.testing.assert_allclose(token_times(weights, frames), expected, atol=1e-6)
+
+
+def test_words_follow_the_transcript_and_the_speech(padded):
+    with Omni(family="whisper", options={"dtype": "float32"}) as omni:
+        for audio, speech_end in padded:
+            result = omni.transcribe(audio, 16000, word_timestamps=True)
+            words = [w for s in result.segments for w in s.get("words", [])]
+            assert _words(" ".join(w["word"] for w in words)) == _words(result.text)
+            starts = [w["start"] for w in words]
+            assert starts == sorted(starts) and all(w["start"] <= w["end"] <= result.duration for w in words)
+            assert words[0]["start"] > LEAD - 0.5  # the silence before the sentence is not the first word's
+            assert abs(words[-1]["end"] - speech_end) < 0.4
+        plain = omni.transcribe(padded[0][0], 16000)
+    assert all("words" not in s for s in plain.segments)  # only on request
