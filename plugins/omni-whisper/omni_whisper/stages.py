@@ -161,8 +161,10 @@ class DecoderWorker:
 
     def words(self, request: RequestState, window: Window) -> list[dict]:
         """Word timestamps of a decoded window (``timing``)."""
+        # the text alone is aligned (timestamp tokens dropped), after a prompt that says so
+        prompt = window.prompt if window.prompt[-1] == self.tokenizer.no_timestamps else [*window.prompt, self.tokenizer.no_timestamps]
         with self.lock:
-            return window_words(self.model, self.tokenizer, request.encoded[window.index], window.prompt, window.tokens,
+            return window_words(self.model, self.tokenizer, request.encoded[window.index], prompt, window.tokens,
                                 self.alignment_heads, window.offset, window.duration)
 
     def new_request(self, request_id: str, payload: dict, live: bool):

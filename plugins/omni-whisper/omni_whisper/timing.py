@@ -4,8 +4,8 @@ Once a window has decoded, one teacher-forced decoder pass over its prompt and t
 the cross-attention weights of the checkpoint's alignment heads (``alignment_heads``: layer,
 head). Kept for the encoder frames the audio covers, standardised over the tokens for each
 frame, median-filtered along time and averaged over the heads, they form a token x frame
-similarity; dynamic time warping finds the monotonic path through it, and a token starts at the
-first frame its row (the query where the token is fed) reaches, 20 ms a frame.
+similarity; dynamic time warping finds the monotonic path through it, and each row starts at the
+first frame the path reaches on it, 20 ms a frame.
 
 Words are runs of text tokens whose first token starts with a space; punctuation tokens join
 the word before. As in Whisper, a token's row is the query that predicts it, so a word starts
