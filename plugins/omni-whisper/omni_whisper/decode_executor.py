@@ -191,7 +191,12 @@ class WhisperDecodeExecutor(Executor):
         for index in range(len(request.windows)):
             window_segs = window_segments(tok, request.done[index])
             if request.word_timestamps and window_segs:
-                for word in self.worker.words(request, request.done[index]):
+                try:
+                    words = self.worker.words(request, request.done[index])
+                except Exception as exc:  # fails this request only, not every row the loop holds
+                    self._fail(request.request_id, f"word timestamps: {type(exc).__name__}: {exc}")
+                    return
+                for word in words:
                     # a word goes to the last segment starting at or before it
                     seg = next((s for s in reversed(window_segs) if s["start"] <= word["start"]), window_segs[0])
                     seg.setdefault("words", []).append(word)

@@ -5,14 +5,18 @@ is in the audio."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from omni_core.api import Omni
+from omni_core.pipeline import RequestFailed
 from omni_whisper.checkpoint import bundled_model_dir
 from omni_whisper.features import log_mel, split_windows
+from omni_whisper.presets import write_tiny
 from omni_whisper.stages import DecoderWorker
 from omni_whisper.timing import alignment_weights, token_times
 from transformers import WhisperForConditionalGeneration
@@ -66,3 +70,16 @@ def test_words_follow_the_transcript_and_the_speech(padded):
             assert abs(words[-1]["end"] - speech_end) < 0.4
         plain = omni.transcribe(padded[0][0], 16000)
     assert all("words" not in s for s in plain.segments)  # only on request
+
+
+def test_a_word_timing_failure_fails_only_its_request(tmp_path):
+    path = Path(write_tiny(str(tmp_path / "tiny")))
+    generation = json.loads((path / "generation_config.json").read_text())
+    generation["alignment_heads"] = [[99, 0]]  # a layer the decoder does not have
+    (path / "generation_config.json").write_text(json.dumps(generation))
+    noise = (0.1 * np.random.default_rng(2).standard_normal(16000 * 2)).astype(np.float32)
+    with Omni(family="whisper", model=str(path), options={"dtype": "float32"}) as omni:
+        with pytest.raises(RequestFailed, match="word timestamps: IndexError"):
+            omni.transcribe(noise, 16000, word_timestamps=True)
+        assert omni.transcribe(noise, 16000).usage["output_tokens"] >= 1  # the decoder serves on
+        assert omni.stats()["stages"]["decoder"]["running"] == 0
