@@ -35,12 +35,11 @@ class DecodeBatch:
     def _grow(self, rows: int) -> None:
         """Reallocate for ``rows`` rows, keeping the running ones: memory follows the load, up to
         ``capacity`` (a large checkpoint's cross-attention K/V is big: layers x 2 x 1500 x d)."""
-        config, dtype = self.model.config, self.model.decoder.embed_tokens.weight.dtype
+        config, weight = self.model.config, self.model.decoder.embed_tokens.weight
         heads = config.decoder_attention_heads
         cross_shape = (rows, heads, self.source_positions, config.d_model // heads)
         self_kv = self.model.new_self_cache(rows)
-        cross_kv = [(torch.zeros(cross_shape, dtype=dtype, device=self.device), torch.zeros(cross_shape, dtype=dtype, device=self.device))
-                    for _ in self.model.decoder.layers]
+        cross_kv = [(weight.new_zeros(cross_shape), weight.new_zeros(cross_shape)) for _ in self.model.decoder.layers]
         used = len(getattr(self, "windows", []))
         for old, new in ((self.self_kv, self_kv), (self.cross_kv, cross_kv)):
             for (old_k, old_v), (new_k, new_v) in zip(old, new, strict=False):

@@ -205,7 +205,6 @@ class WhisperDecodeExecutor(Executor):
         payload = {
             "text": request.text,
             "language": request.language,
-            "task": request.task,
             "duration": request.duration,
             "segments": segments,
             "usage": {"type": "duration", "seconds": request.duration, "output_tokens": tokens},

@@ -43,7 +43,6 @@ class RequestState:
     encoded: torch.Tensor  # [W, S, D]
     windows: list[Window]
     language: str  # given, or detected from the first window
-    task: str  # transcribe | translate
     duration: float
     live: bool  # stream tokens as they decode (no fallback can revise them)
     word_timestamps: bool = False  # segments carry "words" (timing.py)
@@ -77,9 +76,9 @@ class LogitRules:
         if self.suppress.device != logits.device:  # once: the masks move to the decoder's device
             for name in ("suppress", "begin", "no_timestamp_mask", "with_timestamp_mask"):
                 setattr(self, name, getattr(self, name).to(logits.device))
-        stamped = torch.tensor([w.timestamps for w in windows], device=logits.device)
+        # each row's two flags (timestamps on, nothing decoded yet) in one copy to the device
+        stamped, first = torch.tensor([[w.timestamps, not w.tokens] for w in windows], device=logits.device).T
         static = torch.where(stamped[:, None], self.with_timestamp_mask, self.no_timestamp_mask)
-        first = torch.tensor([not w.tokens for w in windows], device=logits.device)
         static = static | (first[:, None] & self.begin)
         logits.masked_fill_(static, neg)
         for row, window in enumerate(windows):

@@ -28,20 +28,25 @@ from omni_whisper.checkpoint import (
 TINY = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
             encoder_ffn_dim=128, decoder_ffn_dim=128)
 EXTRA_TEXT_TOKEN = "Ġ" * 48  # the text token that shifts the specials; BPE merges never produce it
+ENGLISH_EOT = 50256
+
+
+def multilingual_id(token_id: int) -> int:
+    """Where an English-only id sits in the multilingual layout: specials one later."""
+    return token_id + (token_id >= ENGLISH_EOT)
 
 
 def multilingual_tokenizer(english: dict) -> dict:
     """An English-only ``tokenizer.json`` laid out as a multilingual one (module docstring)."""
     out = copy.deepcopy(english)
     vocab = out["model"]["vocab"]
-    eot = vocab["<|endoftext|>"]
-    if EXTRA_TEXT_TOKEN in vocab or eot != 50256:
+    if EXTRA_TEXT_TOKEN in vocab or vocab["<|endoftext|>"] != ENGLISH_EOT:
         raise ValueError("not an English-only Whisper tokenizer")
-    out["model"]["vocab"] = {piece: i + 1 if i >= eot else i for piece, i in vocab.items()} | {EXTRA_TEXT_TOKEN: eot}
+    out["model"]["vocab"] = {piece: multilingual_id(i) for piece, i in vocab.items()} | {EXTRA_TEXT_TOKEN: ENGLISH_EOT}
     for token in out["added_tokens"]:
-        token["id"] += token["id"] >= eot
+        token["id"] = multilingual_id(token["id"])
     for special in (out.get("post_processor") or {}).get("special_tokens", {}).values():
-        special["ids"] = [i + 1 if i >= eot else i for i in special["ids"]]
+        special["ids"] = [multilingual_id(i) for i in special["ids"]]
     return out
 
 
@@ -53,15 +58,14 @@ def _write(directory: str, multilingual: bool) -> str:
 
     bundled = bundled_model_dir()
     extra = json.loads((bundled / "config.json").read_text())
-    suppress, begin_suppress = extra.get("suppress_ids", []), extra.get("suppress_ids_begin", [220, 50256])
+    suppress, begin_suppress = extra.get("suppress_ids", []), extra.get("suppress_ids_begin", [220, ENGLISH_EOT])
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     if multilingual:
         english = json.loads((bundled / "tokenizer.json").read_text())
         (tmp / "tokenizer.json").write_text(json.dumps(multilingual_tokenizer(english), ensure_ascii=False))
-        suppress = [i + (i >= 50256) for i in suppress]
-        begin_suppress = [i + (i >= 50256) for i in begin_suppress]
+        suppress, begin_suppress = [multilingual_id(i) for i in suppress], [multilingual_id(i) for i in begin_suppress]
         ids = dict(vocab_size=MULTILINGUAL_VOCAB, decoder_start_token_id=50258, pad_token_id=50257, bos_token_id=50257,
                    eos_token_id=50257)
     else:

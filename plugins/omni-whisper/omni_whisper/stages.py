@@ -158,6 +158,9 @@ class DecoderWorker:
         # the second half of the decoder (as Whisper does)
         layers, heads = config.decoder_layers, config.decoder_attention_heads
         self.alignment_heads = checkpoint.alignment_heads or [[i, h] for i in range(layers // 2, layers) for h in range(heads)]
+        codes = sorted((token_id, code) for code, token_id in self.tokenizer.languages.items())
+        self.language_codes = [code for _, code in codes]
+        self.language_ids = torch.tensor([token_id for token_id, _ in codes], device=self.model.decoder.embed_tokens.weight.device)
 
     def words(self, request: RequestState, window: Window) -> list[dict]:
         """Word timestamps of a decoded window (``timing``)."""
@@ -191,7 +194,6 @@ class DecoderWorker:
             encoded=payload["encoded"],
             windows=windows,
             language=language,
-            task=task,
             duration=float(payload["duration"]),
             live=live,
             word_timestamps=bool(payload.get("word_timestamps")),
@@ -200,9 +202,7 @@ class DecoderWorker:
     def detect_language(self, encoded: torch.Tensor) -> str:
         """The most likely language token after ``<|startoftranscript|>`` given one window's
         encoding [S, D] (the request's first 30 s, as Whisper detects it)."""
-        codes = {token_id: code for code, token_id in self.tokenizer.languages.items()}
         device = encoded.device
-        ids = torch.tensor(sorted(codes), device=device)
         with torch.inference_mode(), self.lock:
             logits = self.model.decoder(
                 torch.tensor([[self.tokenizer.sot]], device=device),
@@ -210,7 +210,7 @@ class DecoderWorker:
                 self.model.new_self_cache(1, capacity=1),
                 self.model.decoder.cross_kv(encoded[None]),
             )
-        return codes[int(ids[int(logits[0, ids].argmax())])]
+        return self.language_codes[int(logits[0, self.language_ids].argmax())]
 
 
 def frontend_factory(context, checkpoint_dir: str, dtype: str = "float32"):
