@@ -129,6 +129,8 @@ class Omni:
         say(f"starting {len(topology.stages)} stages on {self.device} ({stage_mode}): {names}")
         self.pipeline.start()
         self._builtin_voices = list(self.spec.voices(self.checkpoint_dir)) if self.spec.voices else []
+        if self.spec.split_speech is not None:  # it loads what it needs (a tokenizer) now, not on a request
+            self.spec.split_speech(self.checkpoint_dir, {"task": "speech", "text": "Ready."})
         say("ready")
 
     def _device(self, device: str) -> str:
@@ -274,7 +276,15 @@ class Omni:
         )
 
     def submit(self, inputs: dict[str, Any], request_id: str | None = None):
-        """Start a request from an entry payload; returns the pipeline's ``RequestHandle``."""
+        """Start a request from an entry payload; returns the pipeline's ``RequestHandle``, or for
+        a speech request the family cuts into segments (``FamilySpec.split_speech``) a
+        ``SegmentedHandle`` that runs them in turn and yields their events as one request's."""
+        split = self.spec.split_speech
+        parts = split(self.checkpoint_dir, inputs) if split is not None and inputs.get("task") == "speech" else None
+        if parts and len(parts) > 1:
+            from omni_core.pipeline import SegmentedHandle
+
+            return SegmentedHandle(self.pipeline, parts, request_id)
         return self.pipeline.submit(inputs, request_id=request_id)
 
     # -- tasks ------------------------------------------------------------------------------------

@@ -33,6 +33,11 @@ class FamilySpec:
     ``presets`` maps a preset name (``"tiny"`` at least) to a callable that materialises that
     preset into a directory in the family's official checkpoint layout and returns the path.
     ``voices(checkpoint_dir)`` lists built-in voices of a checkpoint.
+    ``split_speech(checkpoint_dir, payload)`` may cut a speech request's entry payload into the
+    payloads of its segments (a long text, sentence by sentence): they run as requests one after
+    another and their audio is joined in order (``omni_core.pipeline.SegmentedHandle``); a list
+    of one payload leaves the request whole. It runs on the server's event loop (keep it cheap)
+    and once with a short text at start-up, to load what it needs then.
     """
 
     name: str
@@ -43,6 +48,7 @@ class FamilySpec:
     sample_rate: int | None = None  # of audio the family produces (speech, chat audio)
     input_sample_rate: int | None = None  # of audio the family consumes (transcription, chat)
     voices: Callable[[str], list[Voice]] | None = None
+    split_speech: Callable[[str, dict[str, Any]], list[dict[str, Any]]] | None = None
     description: str = ""
 
     def __post_init__(self) -> None:

@@ -2,6 +2,7 @@
 
 from omni_core.pipeline.handle import OutputEvent, RequestFailed, RequestHandle
 from omni_core.pipeline.runtime import Pipeline, PipelineFull
+from omni_core.pipeline.segmented import SegmentedHandle
 from omni_core.pipeline.topology import Edge, StageSpec, Topology, TopologyError
 from omni_core.pipeline.validation import JOINED_PORT
 from omni_core.scheduler.executor import Message, StageContext
@@ -15,6 +16,7 @@ __all__ = [
     "PipelineFull",
     "RequestFailed",
     "RequestHandle",
+    "SegmentedHandle",
     "StageContext",
     "StageSpec",
     "Topology",

@@ -29,7 +29,31 @@ class RequestFailed(RuntimeError):
         super().__init__(f"{where}: {message}")
 
 
-class RequestHandle:
+class EventSource:
+    """Blocking iteration and ``collect`` over a ``get(timeout)`` that returns the next event,
+    ``None`` at the end."""
+
+    def get(self, timeout: float | None = None) -> OutputEvent | None:
+        raise NotImplementedError
+
+    def __iter__(self):
+        while True:
+            event = self.get()
+            if event is None:
+                return
+            yield event
+
+    def collect(self, timeout: float | None = None) -> dict[str, list[OutputEvent]]:
+        """Every event, grouped by output name (blocking; for tests and simple callers)."""
+        grouped: dict[str, list[OutputEvent]] = {}
+        while True:
+            event = self.get(timeout=timeout)
+            if event is None:
+                return grouped
+            grouped.setdefault(event.name, []).append(event)
+
+
+class RequestHandle(EventSource):
     """Iterate it (``for`` or ``async for``) to receive the request's ``OutputEvent``s.
 
     Iteration ends when every terminal output the request was expected to produce has ended, or
@@ -106,13 +130,6 @@ class RequestHandle:
                 if not self._cond.wait(timeout=timeout):
                     raise TimeoutError(f"request {self.request_id!r}: no output within {timeout} s")
 
-    def __iter__(self):
-        while True:
-            event = self.get()
-            if event is None:
-                return
-            yield event
-
     async def __aiter__(self):
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
@@ -132,11 +149,3 @@ class RequestHandle:
         finally:
             self._wakers.remove(entry)
 
-    def collect(self, timeout: float | None = None) -> dict[str, list[OutputEvent]]:
-        """Every event, grouped by output name (blocking; for tests and simple callers)."""
-        grouped: dict[str, list[OutputEvent]] = {}
-        while True:
-            event = self.get(timeout=timeout)
-            if event is None:
-                return grouped
-            grouped.setdefault(event.name, []).append(event)

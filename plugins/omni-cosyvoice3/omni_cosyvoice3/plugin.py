@@ -36,6 +36,13 @@ def voices(checkpoint_dir: str) -> list[Voice]:
     ]
 
 
+def split_speech(checkpoint_dir: str, payload: dict) -> list[dict]:
+    """Long text as segments of whole sentences, spoken in turn (``segments``)."""
+    from .segments import split_speech as split
+
+    return split(checkpoint_dir, payload)
+
+
 @hookimpl
 def omni_families():
     return [
@@ -47,6 +54,7 @@ def omni_families():
             presets={"tiny": write_tiny, "full": write_full},
             sample_rate=24000,
             voices=voices,
+            split_speech=split_speech,
             description="Fun-CosyVoice3 TTS: streaming synthesis and zero-shot voice cloning",
         )
     ]
