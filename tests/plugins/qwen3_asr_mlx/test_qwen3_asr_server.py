@@ -63,7 +63,7 @@ def test_response_formats(client):
         response_format="verbose_json",
         timestamp_granularities=["segment"],
     )
-    assert verbose.language == "en" and verbose.duration == pytest.approx(2.5)
+    assert verbose.language == "english" and verbose.duration == pytest.approx(2.5)
     assert [(s.start, s.end) for s in verbose.segments] == [(0.0, 2.5)]
     assert verbose.segments[0].text == verbose.text == result.text
 

@@ -58,7 +58,7 @@ def test_response_formats(client, spoken):
     verbose = client.audio.transcriptions.create(
         model="whisper", file=audio, response_format="verbose_json", timestamp_granularities=["segment"]
     )
-    assert verbose.language == "en" and verbose.duration == pytest.approx(result.usage.seconds, abs=0.01)
+    assert verbose.language == "english" and verbose.duration == pytest.approx(result.usage.seconds, abs=0.01)
     assert verbose.segments and _words(" ".join(s.text for s in verbose.segments)) == _words(verbose.text)
     first, last = verbose.segments[0], verbose.segments[-1]
     assert 0.0 <= first.start < 1.0 and first.start < first.end <= verbose.duration + 0.01 and last.end > 1.0
