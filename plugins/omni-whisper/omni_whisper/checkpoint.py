@@ -60,24 +60,37 @@ def is_ct2_dir(path: Path) -> bool:
     return not config.is_file() or "model_type" not in json.loads(config.read_text())
 
 
-def load_checkpoint(path: str | Path) -> WhisperCheckpoint:
+def load_checkpoint(path: str | Path, weights: bool = True) -> WhisperCheckpoint:
+    """The checkpoint at ``path``; with ``weights=False`` its configuration, tokenizer directory
+    and decoding lists only (``state_dict`` empty): no weight is read."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory")
     if is_ct2_dir(path):
-        return _load_ct2(path)
+        return _load_ct2(path, weights)
     if (path / "config.json").is_file():
-        return _load_hf(path)
+        return _load_hf(path, weights)
     raise CheckpointError(f"{path} holds neither a Hugging Face Whisper checkpoint nor a CTranslate2 model.bin")
 
 
 # -- Hugging Face layout ---------------------------------------------------------------------------
 
 
-def _load_hf(path: Path) -> WhisperCheckpoint:
+def _load_hf(path: Path, weights: bool) -> WhisperCheckpoint:
     config = WhisperConfig.from_pretrained(path)
     if config.model_type != "whisper":
         raise CheckpointError(f"{path}: model_type is {config.model_type!r}, expected 'whisper'")
+    checkpoint = WhisperCheckpoint(config=config, state_dict=_hf_state(path) if weights else {}, tokenizer_dir=path)
+    generation = path / "generation_config.json"
+    if generation.is_file():
+        gen = json.loads(generation.read_text())
+        checkpoint.suppress_ids = list(gen.get("suppress_tokens") or [])
+        checkpoint.begin_suppress_ids = list(gen.get("begin_suppress_tokens") or [220, config.eos_token_id])
+        checkpoint.alignment_heads = list(gen.get("alignment_heads") or [])
+    return checkpoint
+
+
+def _hf_state(path: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     shards = sorted(path.glob("*.safetensors"))
     if shards:
@@ -89,15 +102,7 @@ def _load_hf(path: Path) -> WhisperCheckpoint:
         state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise CheckpointError(f"{path}: no *.safetensors or pytorch_model.bin")
-    state = {k if k.startswith("model.") or k == "proj_out.weight" else f"model.{k}": v for k, v in state.items()}
-    checkpoint = WhisperCheckpoint(config=config, state_dict=state, tokenizer_dir=path)
-    generation = path / "generation_config.json"
-    if generation.is_file():
-        gen = json.loads(generation.read_text())
-        checkpoint.suppress_ids = list(gen.get("suppress_tokens") or [])
-        checkpoint.begin_suppress_ids = list(gen.get("begin_suppress_tokens") or [220, config.eos_token_id])
-        checkpoint.alignment_heads = list(gen.get("alignment_heads") or [])
-    return checkpoint
+    return {k if k.startswith("model.") or k == "proj_out.weight" else f"model.{k}": v for k, v in state.items()}
 
 
 # -- CTranslate2 layout ----------------------------------------------------------------------------
@@ -151,9 +156,9 @@ def _count_layers(names, side: str) -> int:
     return len({p[1] for p in parts if p[1].removeprefix("layer_").isdigit()})
 
 
-def _load_ct2(path: Path) -> WhisperCheckpoint:
+def _load_ct2(path: Path, weights: bool) -> WhisperCheckpoint:
     try:
-        ct2 = read_ct2_model(path / "model.bin")
+        ct2 = read_ct2_model(path / "model.bin", data=weights)
     except CT2FormatError as exc:
         raise CheckpointError(str(exc)) from None
     if ct2.spec and ct2.spec != "WhisperSpec":
@@ -180,7 +185,7 @@ def _load_ct2(path: Path) -> WhisperCheckpoint:
         tie_word_embeddings=True,
         torch_dtype="float16",
     )
-    state = _ct2_to_hf_state(ct2, layers_enc, layers_dec)
+    state = _ct2_to_hf_state(ct2, layers_enc, layers_dec) if weights else {}
     extra = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
     return WhisperCheckpoint(
         config=config,

@@ -5,10 +5,12 @@ Layout (little endian; strings are a uint16 byte length followed by NUL-terminat
 per variable ``string name``, ``uint8 rank``, ``rank x uint32 dims``, ``uint8 dtype``,
 ``uint32 nbytes`` and the raw data; then (version >= 3) ``uint32 aliases`` and per alias
 ``string alias``, ``string target``. Versions before 4 stored an item size instead of a dtype.
+The file is mapped, not read: only the variables converted are read from disk.
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,13 +33,20 @@ class CT2FormatError(ValueError):
     """The file is not a CTranslate2 model this reader understands."""
 
 
+@dataclass(frozen=True)
+class Unread:
+    """A variable left on disk (``read_ct2_model(..., data=False)``): its shape only."""
+
+    shape: tuple[int, ...]
+
+
 @dataclass
 class CT2Model:
     spec: str
     revision: int
-    variables: dict[str, np.ndarray] = field(default_factory=dict)
+    variables: dict[str, np.ndarray | Unread] = field(default_factory=dict)
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> np.ndarray | Unread:
         return self.variables[name]
 
     def scalar(self, name: str, default=None):
@@ -78,11 +87,24 @@ def _to_array(chunk: memoryview, dtype, dims: list[int]) -> np.ndarray:
     return np.frombuffer(chunk, dtype=dtype).reshape(dims).copy()
 
 
-def read_ct2_model(path: str | Path) -> CT2Model:
-    """Read every variable of a ``model.bin``; aliases point at the same array as their target."""
+def read_ct2_model(path: str | Path, data: bool = True) -> CT2Model:
+    """Read every variable of a ``model.bin``; aliases point at the same array as their target.
+    With ``data=False`` only scalars are read, other variables are ``Unread`` shapes (what a
+    model's configuration needs, without its weights)."""
     path = Path(path)
-    data = memoryview(path.read_bytes())
-    cursor = _Cursor(data, path)
+    with open(path, "rb") as f:
+        if path.stat().st_size == 0:
+            raise CT2FormatError(f"{path}: truncated at byte 0")
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(mapped)
+    try:
+        return _read(_Cursor(view, path), path, data)
+    finally:
+        view.release()
+        mapped.close()
+
+
+def _read(cursor: _Cursor, path: Path, data: bool) -> CT2Model:
     version = cursor.take("<I")
     if not 1 <= version <= 6:
         raise CT2FormatError(f"{path}: unsupported CTranslate2 binary version {version}")
@@ -102,11 +124,14 @@ def read_ct2_model(path: str | Path) -> CT2Model:
             item_size = cursor.take("<B")
             dtype = _LEGACY_ITEM_SIZES[item_size]
             nbytes = cursor.take("<I") * item_size
-        model.variables[name] = _to_array(cursor.raw(nbytes), dtype, dims)
+        chunk = cursor.raw(nbytes)
+        small = nbytes <= 16  # scalars (head counts) are read either way
+        model.variables[name] = _to_array(chunk, dtype, dims) if data or small else Unread(tuple(dims))
+        chunk.release()
     if version >= 3:
         for _ in range(cursor.take("<I")):
             alias, target = cursor.string(), cursor.string()
             model.variables[alias] = model.variables[target]
-    if cursor.offset != len(data):
-        raise CT2FormatError(f"{path}: {len(data) - cursor.offset} unread bytes after the last variable")
+    if cursor.offset != len(cursor.data):
+        raise CT2FormatError(f"{path}: {len(cursor.data) - cursor.offset} unread bytes after the last variable")
     return model

@@ -58,10 +58,12 @@ def _options(context) -> dict[str, Any]:
 
 
 class Frontend:
-    """Checks the request and turns its audio into 30 s log-mel windows."""
+    """Checks the request and turns its audio into 30 s log-mel windows. It needs the checkpoint's
+    configuration and tokenizer, not its weights (wherever it runs, it holds no copy of them)."""
 
-    def __init__(self, checkpoint_dir: str, dtype: str, device: str = "cpu"):
-        self.checkpoint, _, self.tokenizer = load_model(checkpoint_dir, dtype, device)
+    def __init__(self, checkpoint_dir: str):
+        self.checkpoint = load_checkpoint(resolve_checkpoint_dir(checkpoint_dir), weights=False)
+        self.tokenizer = WhisperTokenizer(self.checkpoint.tokenizer_dir, self.checkpoint.config.vocab_size)
 
     def __call__(self, message, emit) -> None:
         payload = message.payload
@@ -213,8 +215,8 @@ class DecoderWorker:
         return self.language_codes[int(logits[0, self.language_ids].argmax())]
 
 
-def frontend_factory(context, checkpoint_dir: str, dtype: str = "float32"):
-    return Frontend(checkpoint_dir, resolve_dtype(dtype, context.device), context.device)
+def frontend_factory(context, checkpoint_dir: str):
+    return Frontend(checkpoint_dir)
 
 
 def encoder_factory(context, checkpoint_dir: str, dtype: str = "float32", threads: str = "shared"):

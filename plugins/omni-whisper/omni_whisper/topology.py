@@ -34,7 +34,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     return Topology(
         name="whisper",
         stages=[
-            StageSpec("frontend", "fn", make(stages.frontend_factory, checkpoint_dir=checkpoint_dir, dtype=dtype),
+            StageSpec("frontend", "fn", make(stages.frontend_factory, checkpoint_dir=checkpoint_dir),
                       ("in",), ("mel",)),
             StageSpec("encoder", "batch", make(stages.encoder_factory, checkpoint_dir=checkpoint_dir, dtype=dtype, threads=threads),
                       ("mel",), ("encoded",), options=encoder_options),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 from omni_whisper.checkpoint import CheckpointError, bundled_model_dir, load_checkpoint
-from omni_whisper.ct2 import CT2FormatError, read_ct2_model
+from omni_whisper.ct2 import CT2FormatError, Unread, read_ct2_model
 from omni_whisper.features import FRAMES_PER_WINDOW, log_mel, split_windows
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
@@ -37,6 +39,29 @@ def test_ct2_reader_rejects_damaged_files(tmp_path):
         read_ct2_model(wrong_version)
     with pytest.raises(CheckpointError):
         load_checkpoint(tmp_path)  # model.bin is not a Whisper model and nothing else is there
+
+
+def test_configuration_without_the_weights(bundled_checkpoint, bundled_hf_dir, tmp_path):
+    shapes = read_ct2_model(bundled_model_dir() / "model.bin", data=False)
+    full = read_ct2_model(bundled_model_dir() / "model.bin")
+    assert {k: tuple(v.shape) for k, v in shapes.variables.items()} == {k: v.shape for k, v in full.variables.items()}
+    assert isinstance(shapes["decoder/embeddings/weight"], Unread) and shapes.scalar("decoder/num_heads") == 6
+    for path in (bundled_model_dir(), bundled_hf_dir):
+        light = load_checkpoint(path, weights=False)
+        assert light.state_dict == {} and light.config.to_dict() == load_checkpoint(path).config.to_dict()
+        assert (light.suppress_ids, light.begin_suppress_ids) == (bundled_checkpoint.suppress_ids, bundled_checkpoint.begin_suppress_ids)
+    # the frontend stage reads no weight: it serves from a copy of the checkpoint that has none
+    import shutil
+
+    from omni_whisper.stages import Frontend
+
+    bare = tmp_path / "bare"
+    shutil.copytree(bundled_hf_dir, bare, ignore=shutil.ignore_patterns("*.safetensors"))
+    sent = []
+    Frontend(str(bare))(SimpleNamespace(payload={"audio": torch.zeros(16000), "language": "en"}), lambda *a, **k: sent.append(a))
+    assert sent[0][0] == "mel" and sent[0][1]["mel"].shape == (1, 80, FRAMES_PER_WINDOW)
+    with pytest.raises(CheckpointError, match="no \\*.safetensors"):
+        load_checkpoint(bare)
 
 
 def test_converted_weights_fill_transformers_whisper_exactly(bundled_checkpoint):
