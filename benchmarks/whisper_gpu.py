@@ -7,9 +7,10 @@ written in the Hugging Face layout and loaded by both systems in float16. The cl
 systems produce the same number of tokens per clip.
 Concurrency N: omni gets N client threads calling ``Omni.transcribe`` (the pipeline batches
 them); transformers ``generate`` gets batches of N clips. Reported: audio seconds per wall second
-and output tokens per second, best of the rounds, rounds interleaved.
+and output tokens per second, best of the rounds, rounds interleaved. ``--timestamps`` decodes
+with timestamps in both (segments; transformers ``return_timestamps=True``).
 
-    python benchmarks/whisper_gpu.py --concurrency 1 16 64 --clips 64 --rounds 2
+    python benchmarks/whisper_gpu.py --concurrency 1 16 64 --clips 64 --rounds 2 [--timestamps]
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ def make_clips(count: int) -> list[np.ndarray]:
     return [(0.1 * rng.standard_normal(int(16000 * rng.uniform(3, 8)))).astype(np.float32) for _ in range(count)]
 
 
-def run_omni(omni: Omni, clips: list[np.ndarray], concurrency: int) -> tuple[float, int]:
+def run_omni(omni: Omni, clips: list[np.ndarray], concurrency: int, timestamps: bool = False) -> tuple[float, int]:
     def one(clip):
-        return omni.transcribe(clip, 16000, language="en").usage["output_tokens"]
+        return omni.transcribe(clip, 16000, language="en", timestamps=timestamps).usage["output_tokens"]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -63,7 +64,7 @@ def run_omni(omni: Omni, clips: list[np.ndarray], concurrency: int) -> tuple[flo
     return time.perf_counter() - start, tokens
 
 
-def run_transformers(model, extractor, clips: list[np.ndarray], concurrency: int) -> tuple[float, int]:
+def run_transformers(model, extractor, clips: list[np.ndarray], concurrency: int, timestamps: bool = False) -> tuple[float, int]:
     start = time.perf_counter()
     tokens = 0
     for i in range(0, len(clips), concurrency):
@@ -71,8 +72,10 @@ def run_transformers(model, extractor, clips: list[np.ndarray], concurrency: int
         features = extractor(batch, sampling_rate=16000, return_tensors="pt").input_features
         with torch.inference_mode():
             out = model.generate(features.to("cuda", torch.float16), language="en", task="transcribe",
-                                 max_new_tokens=MAX_NEW_TOKENS)
-        tokens += int((out < model.generation_config.eos_token_id).sum())  # text tokens (no prompt, no padding)
+                                 max_new_tokens=MAX_NEW_TOKENS, return_timestamps=timestamps)
+        out = out["sequences"] if isinstance(out, dict) else out
+        # text and timestamp tokens (no prompt, no padding)
+        tokens += int(((out < model.generation_config.eos_token_id) | (out > model.generation_config.no_timestamps_token_id)).sum())
     torch.cuda.synchronize()
     return time.perf_counter() - start, tokens
 
@@ -82,6 +85,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--clips", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--timestamps", action="store_true", help="decode with timestamps (segments)")
     args = parser.parse_args()
     clips = make_clips(args.clips)
     seconds = sum(len(c) for c in clips) / 16000
@@ -96,12 +100,12 @@ def main() -> None:
             best: dict[tuple[str, int], tuple[float, int]] = {}
             for _ in range(args.rounds):
                 for n in args.concurrency:
-                    for name, fn in (("omni", lambda n=n: run_omni(omni, clips, n)),
-                                     ("transformers", lambda n=n: run_transformers(reference, extractor, clips, n))):
+                    for name, fn in (("omni", lambda n=n: run_omni(omni, clips, n, args.timestamps)),
+                                     ("transformers", lambda n=n: run_transformers(reference, extractor, clips, n, args.timestamps))):
                         wall, tokens = fn()
                         if (name, n) not in best or wall < best[name, n][0]:
                             best[name, n] = (wall, tokens)
-    print(f"{len(clips)} clips, {seconds:.1f} s of audio, {torch.cuda.get_device_name()}")
+    print(f"{len(clips)} clips, {seconds:.1f} s of audio, {torch.cuda.get_device_name()}, timestamps {args.timestamps}")
     print("| concurrency | omni x real time | omni tokens/s | transformers x real time | transformers tokens/s | omni / transformers |")
     print("| --- | --- | --- | --- | --- | --- |")
     for n in args.concurrency:

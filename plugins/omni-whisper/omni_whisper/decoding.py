@@ -70,6 +70,7 @@ class LogitRules:
         self.no_timestamp_mask[tokenizer.timestamp_begin :] = True
         self.with_timestamp_mask = base.clone()
         self.with_timestamp_mask[tokenizer.no_timestamps] = True
+        self.vocab_ids = torch.arange(vocab)
 
     def apply(self, logits: torch.Tensor, windows: list[Window]) -> None:
         neg = float("-inf")
@@ -81,30 +82,64 @@ class LogitRules:
         static = torch.where(stamped[:, None], self.with_timestamp_mask, self.no_timestamp_mask)
         static = static | (first[:, None] & self.begin)
         logits.masked_fill_(static, neg)
-        for row, window in enumerate(windows):
-            if window.timestamps:
-                self._timestamp_rules(logits[row], window)
+        stamped_rows = [row for row, window in enumerate(windows) if window.timestamps]
+        if not stamped_rows:
+            return
+        # on CPU a decision per row costs nothing (no device to wait for); on a GPU each waits for
+        # the device, so from two rows on they are all decided there at once (H200, fp16, vocab
+        # 51865: 16 rows 3.17 -> 0.44 ms, 32 rows 6.08 -> 0.47 ms; one row 0.26 ms alone, 0.36 batched)
+        if logits.device.type == "cpu" or len(stamped_rows) == 1:
+            for row in stamped_rows:
+                self._row_timestamp_rules(logits[row], windows[row].tokens)
+        else:
+            self._batch_timestamp_rules(logits, stamped_rows, windows)
 
-    def _timestamp_rules(self, logits: torch.Tensor, window: Window) -> None:
-        begin, eot, neg = self.tok.timestamp_begin, self.tok.eot, float("-inf")
-        tokens = window.tokens
-        last_ts = len(tokens) >= 1 and tokens[-1] >= begin
-        penultimate_ts = len(tokens) < 2 or tokens[-2] >= begin
-        if last_ts:
-            if penultimate_ts:  # a segment just closed: text (or end) comes next
-                logits[begin:] = neg
-            else:  # a segment's text ended: its closing timestamp comes next
-                logits[:eot] = neg
-        stamps = [t for t in tokens if t >= begin]
-        if stamps:
-            floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
-            logits[begin:floor] = neg
-        if not tokens:
-            logits[:begin] = neg
-            logits[begin + MAX_INITIAL_TIMESTAMP + 1 :] = neg
+    def _row_timestamp_rules(self, logits: torch.Tensor, tokens: list[int]) -> None:
+        """Whisper's timestamp rules on one row: its banned spans, then text banned where the
+        timestamps together are more likely than any text token."""
+        begin, neg = self.tok.timestamp_begin, float("-inf")
+        lo0, hi0, lo1, hi1 = self._banned_spans(tokens, logits.shape[-1])
+        logits[lo0:hi0] = neg
+        logits[lo1:hi1] = neg
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         if torch.logsumexp(logprobs[begin:], dim=-1) > logprobs[:begin].max():
             logits[:begin] = neg
+
+    def _batch_timestamp_rules(self, logits: torch.Tensor, rows: list[int], windows: list[Window]) -> None:
+        """The same rules on several rows with no host sync: the rows' spans as one mask (one copy
+        of their bounds), the text ban decided on the device."""
+        begin, vocab, neg = self.tok.timestamp_begin, logits.shape[-1], float("-inf")
+        table = torch.tensor([[row, *self._banned_spans(windows[row].tokens, vocab)] for row in rows], device=logits.device)
+        index, bounds = table[:, 0], table[:, 1:].view(len(rows), 2, 2)
+        if self.vocab_ids.device != logits.device:
+            self.vocab_ids = self.vocab_ids.to(logits.device)
+        banned = ((self.vocab_ids >= bounds[..., :1]) & (self.vocab_ids < bounds[..., 1:])).any(dim=1)
+        whole = len(rows) == len(logits)  # every row: no gather and scatter
+        picked = logits.masked_fill_(banned, neg) if whole else logits.index_select(0, index).masked_fill_(banned, neg)
+        logprobs = torch.log_softmax(picked.float(), dim=-1)
+        text_banned = torch.logsumexp(logprobs[:, begin:], dim=-1) > logprobs[:, :begin].max(dim=-1).values
+        picked[:, :begin].masked_fill_(text_banned[:, None], neg)
+        if not whole:
+            logits.index_copy_(0, index, picked)
+
+    def _banned_spans(self, tokens: list[int], vocab: int) -> list[int]:
+        """The token spans [lo, hi) a row's history bans, as lo0, hi0, lo1, hi1 (empty spans: 0, 0):
+        after a timestamp pair, timestamps (text or the end comes next); after text closed by one
+        timestamp, text (its closing timestamp comes next); timestamps before the last one (not
+        before the last one itself when it still has to close its segment); at the start, text and
+        timestamps past ``MAX_INITIAL_TIMESTAMP``."""
+        begin, eot = self.tok.timestamp_begin, self.tok.eot
+        if not tokens:
+            return [0, begin, begin + MAX_INITIAL_TIMESTAMP + 1, vocab]
+        spans = [0, 0, 0, 0]
+        last_ts = tokens[-1] >= begin
+        penultimate_ts = len(tokens) < 2 or tokens[-2] >= begin
+        if last_ts:
+            spans[:2] = [begin, vocab] if penultimate_ts else [0, eot]
+        last_stamp = next((t for t in reversed(tokens) if t >= begin), None)
+        if last_stamp is not None:
+            spans[2:] = [begin, last_stamp if last_ts and not penultimate_ts else last_stamp + 1]
+        return spans
 
 
 def compression_ratio(text: str) -> float:

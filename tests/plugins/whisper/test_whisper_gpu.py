@@ -50,6 +50,20 @@ def test_pipeline_on_cuda_equals_transformers_and_batches(tmp_path, cuda_graphs)
         assert text == tokenizer.decode(expected).strip()
 
 
+def test_timestamped_rows_on_cuda_batch_like_alone(tmp_path):
+    # rows with timestamps take the rules' batched path on a GPU (test_whisper_parity.py checks it
+    # against transformers' processor): six at once decode as each alone, into well-formed segments
+    path = write_tiny(str(tmp_path / "tiny"))
+    clips = _clips()
+    with Omni(family="whisper", model=path, device="cuda", options={"dtype": "float32", "max_batch": 8}) as omni:
+        alone = [omni.transcribe(clip, 16000, timestamps=True).segments for clip in clips]
+        with ThreadPoolExecutor(len(clips)) as pool:
+            together = list(pool.map(lambda clip: omni.transcribe(clip, 16000, timestamps=True).segments, clips))
+    assert together == alone
+    for clip, segments in zip(clips, alone, strict=True):
+        assert segments and all(0.0 <= s["start"] <= s["end"] <= len(clip) / 16000 for s in segments)
+
+
 def test_language_detection_and_translation_on_cuda(tmp_path):
     path = write_tiny_multilingual(str(tmp_path / "tiny-multilingual"))
     reference = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).cuda().eval()

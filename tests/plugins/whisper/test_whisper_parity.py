@@ -63,3 +63,40 @@ def test_greedy_tokens_equal_transformers_generate(models, spoken_16k, bundled_c
             expected = [t for t in generated[0].tolist() if t != tokenizer.eot and t not in (tokenizer.sot, tokenizer.no_timestamps)]
             assert ours_tokens[index] == expected, tokenizer.decode(expected)
     assert "coffee" in tokenizer.decode(ours_tokens[1])
+
+
+def test_timestamp_rules_equal_transformers_processor_row_by_row(models, bundled_checkpoint, bundled_hf_dir):
+    # every branch of the rules, all rows in one batch: ours against transformers' processor on
+    # each row alone (its prompt length as begin_index), with the static masks applied to both
+    from transformers import GenerationConfig
+    from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
+
+    _, _, tokenizer = models
+    rules = LogitRules(tokenizer, bundled_checkpoint.suppress_ids, bundled_checkpoint.begin_suppress_ids, bundled_checkpoint.config.vocab_size)
+    ts, text = tokenizer.timestamp_begin, 1000
+    histories = [[], [ts + 3], [ts + 3, text], [ts + 3, text, ts + 40], [ts + 3, text, ts + 40, ts + 40], [ts, text, text + 1], [text]]
+    prompt = tokenizer.prompt("en", True, None, 0)
+    windows = [Window("r", i, 0.0, 30.0, prompt, True, 0.0, 224, tokens=list(h)) for i, h in enumerate(histories)]
+    windows.insert(3, Window("r", 99, 0.0, 30.0, tokenizer.prompt("en", False, None, 0), False, 0.0, 224, tokens=[text]))
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(len(windows), bundled_checkpoint.config.vocab_size, generator=generator) * 3
+    logits[6, ts:] += 8  # a row whose timestamps outweigh its text (after the inserted row): text gets banned
+    before = logits.clone()
+    rules.apply(logits, windows)  # on CPU row by row; a GPU takes every row at once, checked here too
+    batched = before.masked_fill(torch.stack([rules.with_timestamp_mask if w.timestamps else rules.no_timestamp_mask for w in windows])
+                                 | (rules.begin & torch.tensor([not w.tokens for w in windows])[:, None]), float("-inf"))
+    stamped = [i for i, w in enumerate(windows) if w.timestamps]
+    only_stamped = batched[stamped]  # (a copy: every row of it has timestamps, the path without gather and scatter)
+    rules._batch_timestamp_rules(batched, stamped, windows)
+    assert torch.equal(batched, logits)
+    rules._batch_timestamp_rules(only_stamped, list(range(len(stamped))), [windows[i] for i in stamped])
+    assert torch.equal(only_stamped, logits[stamped]) and not torch.equal(only_stamped, before[stamped])
+    processor = WhisperTimeStampLogitsProcessor(GenerationConfig.from_pretrained(bundled_hf_dir), begin_index=len(prompt))
+    for row, window in enumerate(windows):
+        static = rules.with_timestamp_mask if window.timestamps else rules.no_timestamp_mask
+        expected = before[row : row + 1].masked_fill(static | (rules.begin & (not window.tokens)), float("-inf"))
+        if window.timestamps:
+            expected = processor(torch.tensor([window.prompt + window.tokens]), expected)
+        assert torch.equal(logits[row : row + 1].isinf(), expected.isinf()), (row, window.tokens)
+        assert torch.equal(logits[row : row + 1], expected), (row, window.tokens)
+    assert logits[6, :ts].isinf().all() and not before[6, :ts].isinf().any()
