@@ -10,7 +10,10 @@ The llm text is ``<system>[ instructions]<|endofprompt|>[reference transcript]``
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,9 @@ MAX_REFERENCE_SECONDS = 30.0
 MIN_REFERENCE_SECONDS = 0.2
 MAX_TEXT_CHARS = 4000
 SPEED_RANGE = (0.25, 4.0)
+# encoded references kept, keyed by their samples: a saved voice arrives as the same recording on
+# every request, and each segment of a long text brings its request's reference again
+REFERENCE_CACHE = 32
 
 
 @dataclass
@@ -54,6 +60,9 @@ class Frontend:
         self.speaker_model = _session(directory / "campplus.onnx")
         self.speakers = speakers
         self.sample_rate = sample_rate
+        self._references: OrderedDict[tuple, tuple[list[int], torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._references_lock = threading.Lock()
+        self.reference_hits = self.reference_misses = 0
 
     # -- audio ------------------------------------------------------------------------------
     def speech_tokens(self, audio_16k: np.ndarray) -> list[int]:
@@ -72,7 +81,8 @@ class Frontend:
         )
 
     def reference(self, audio: Any, sample_rate: Any) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """(speech tokens, prompt mel [2 * tokens, 80], x-vector [192]) of a reference recording."""
+        """(speech tokens, prompt mel [2 * tokens, 80], x-vector [192]) of a reference recording;
+        the last ``REFERENCE_CACHE`` recordings' are kept (the tensors are shared: read only)."""
         if (
             not isinstance(sample_rate, int)
             or isinstance(sample_rate, bool)
@@ -93,12 +103,25 @@ class Frontend:
             )
         if not np.isfinite(wav).all():
             raise InvalidInput("reference_audio contains NaN or infinite samples")
+        key = (sample_rate, str(wav.dtype), hashlib.blake2b(np.ascontiguousarray(wav).tobytes(), digest_size=16).digest())
+        with self._references_lock:
+            encoded = self._references.get(key)
+            if encoded is not None:
+                self._references.move_to_end(key)
+                self.reference_hits += 1
+                return list(encoded[0]), encoded[1], encoded[2]
         wav16 = resample(wav, sample_rate, 16000)
         wav24 = resample(wav, sample_rate, self.sample_rate)
         tokens = self.speech_tokens(wav16)
         mel = prompt_mel(wav24)
         usable = min(mel.shape[0] // 2, len(tokens))
-        return tokens[:usable], mel[: 2 * usable], self.speaker_embedding(wav16)
+        encoded = (tokens[:usable], mel[: 2 * usable], self.speaker_embedding(wav16))
+        with self._references_lock:
+            self.reference_misses += 1
+            self._references[key] = encoded
+            while len(self._references) > REFERENCE_CACHE:
+                self._references.popitem(last=False)
+        return list(encoded[0]), encoded[1], encoded[2]
 
     # -- request ----------------------------------------------------------------------------
     def prepare(self, payload: dict[str, Any]) -> Prepared:

@@ -115,6 +115,21 @@ def test_bad_input_is_refused_clearly(frontend, payload, message):
         frontend.prepare(payload)
 
 
+def test_a_recording_is_encoded_once_and_then_reused(tiny_dir, reference):
+    audio, rate, _, _ = reference
+    frontend = Frontend(tiny_dir, load_speakers(tiny_dir))  # its own cache
+    first = frontend.reference(audio, rate)
+    again = frontend.reference(np.array(audio, copy=True), rate)  # the same samples in another array
+    assert (frontend.reference_misses, frontend.reference_hits) == (1, 1)
+    assert again[0] == first[0] and torch.equal(again[1], first[1]) and torch.equal(again[2], first[2])
+    again[0].append(-1)  # a caller's list is its own
+    assert frontend.reference(audio, rate)[0] == first[0]
+    quieter = frontend.reference(audio * 0.5, rate)  # other samples: encoded anew
+    assert frontend.reference_misses == 2 and not torch.equal(quieter[1], first[1])
+    frontend.reference(audio, rate // 2)  # the same samples at another rate: anew
+    assert frontend.reference_misses == 3
+
+
 def test_saved_zero_shot_speaker_in_spk2info(frontend, reference):
     # the official spk2info.pt entry of a zero-shot speaker: prompt text as ids, tokens, feat, embeddings
     audio, rate, text, _ = reference
