@@ -148,4 +148,3 @@ class RequestHandle(EventSource):
                 yield event
         finally:
             self._wakers.remove(entry)
-

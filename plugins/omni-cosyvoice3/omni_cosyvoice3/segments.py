@@ -1,6 +1,6 @@
 """Long text in segments: whole sentences packed up to a token budget, each spoken as its own
-request (the speech LM was trained on utterances of about that length, and its length limits,
-the flow's noise and the caches all grow with one utterance's length).
+request, as the reference implementation speaks long text (one utterance's speech-token limit,
+the flow's fixed noise and every cache grow with its length).
 
 Cuts go after sentence ends (``. ! ? ; …`` and their CJK forms) where they can; a sentence over
 the budget is cut after its commas and colons, then between words, then (a run of text without
@@ -40,7 +40,7 @@ def _characters(text: str, count: Callable[[str], int], budget: int) -> list[tup
     """(run, tokens) of ``text`` in runs of characters of at most ``budget`` tokens."""
     out, start = [], 0
     while start < len(text):
-        end = min(len(text), start + 8 * budget)  # no token spans more characters than that here
+        end = min(len(text), start + 8 * budget)  # a first guess (8 characters a token), then shrunk
         while end - start > 1 and (tokens := count(text[start:end])) > budget:
             end = start + max(1, (end - start) * budget // tokens)
         out.append((text[start:end], count(text[start:end])))
