@@ -1,8 +1,7 @@
-"""Server-sent events, subtitle formats (SRT, WebVTT) and language names."""
+"""Server-sent events and subtitle formats (SRT, WebVTT)."""
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
@@ -34,19 +33,3 @@ def to_vtt(segments: list[dict[str, Any]]) -> str:
         start, end = _timestamp(seg["start"], "."), _timestamp(seg["end"], ".")
         blocks.append(f"{start} --> {end}\n{seg['text'].strip()}\n")
     return "\n".join(blocks)
-
-
-@functools.cache
-def _language_names() -> dict[str, str]:
-    # Whisper's table (code -> lowercase English name) is where OpenAI's names come from
-    from transformers.models.whisper.tokenization_whisper import LANGUAGES
-
-    return dict(LANGUAGES)
-
-
-def language_name(code: str | None) -> str | None:
-    """The name OpenAI's verbose_json gives a language (``"english"``) for the ISO 639 code a
-    family reports (``"en"``); anything else as it is."""
-    if not isinstance(code, str):
-        return code
-    return _language_names().get(code.lower(), code)

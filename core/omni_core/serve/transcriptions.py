@@ -22,7 +22,7 @@ from omni_core.serve.streaming import (
     error_event,
     events_with_first,
 )
-from omni_core.serve.text_formats import language_name, sse, to_srt, to_vtt
+from omni_core.serve.text_formats import sse, to_srt, to_vtt
 
 router = APIRouter()
 ENDPOINT = "/v1/audio/transcriptions"
@@ -156,7 +156,8 @@ def _render(final: dict, fmt: str, granularities: list[str], task: str):
     if fmt == "verbose_json":
         body = {
             "task": "translate" if task == "translation" else "transcribe",
-            "language": language_name(final.get("language")),
+            # named as OpenAI names it ("english") when the family gives the name, else its code
+            "language": final.get("language_name") or final.get("language"),
             "duration": final.get("duration"),
             **body,
         }

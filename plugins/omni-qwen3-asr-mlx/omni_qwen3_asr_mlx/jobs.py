@@ -84,6 +84,7 @@ class TranscriptionJob:
         return {
             "text": self.text,
             "language": language_code(language) if language else None,
+            "language_name": language.lower() if language else None,  # as OpenAI's verbose_json names it
             "duration": self.duration,
             "segments": [
                 {"id": c.index, "start": c.start, "end": c.end, "text": c.text.text} for c in self.chunks

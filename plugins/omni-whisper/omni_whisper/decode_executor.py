@@ -205,6 +205,7 @@ class WhisperDecodeExecutor(Executor):
         payload = {
             "text": request.text,
             "language": request.language,
+            "language_name": self.worker.tokenizer.language_name(request.language),
             "duration": request.duration,
             "segments": segments,
             "usage": {"type": "duration", "seconds": request.duration, "output_tokens": tokens},

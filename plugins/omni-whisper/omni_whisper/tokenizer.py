@@ -69,6 +69,14 @@ class WhisperTokenizer:
             raise InvalidInput(f"unknown language {language!r}; known: {', '.join(sorted(self.languages))}")
         return code
 
+    @staticmethod
+    def language_name(code: str | None) -> str | None:
+        """The name OpenAI's verbose_json gives a language code (``"en"`` -> ``"english"``: the
+        table of Whisper's languages in transformers); None for a code it does not know."""
+        from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+        return LANGUAGES.get(code) if code else None
+
     def check_task(self, task: str) -> str:
         """Whisper's task token for an omni task: ``transcribe``, or ``translate`` (to English;
         multilingual checkpoints only)."""

@@ -14,7 +14,7 @@ from omni_core.serve.admission import Admission
 from omni_core.serve.audio_codecs import StreamEncoder, decode_audio, encode_audio
 from omni_core.serve.errors import APIError
 from omni_core.serve.exceptions import InvalidInput
-from omni_core.serve.text_formats import language_name, to_srt, to_vtt
+from omni_core.serve.text_formats import to_srt, to_vtt
 from omni_core.serve.voices_store import VoiceStore, VoiceStoreError
 
 TONE = (np.sin(np.arange(24000) / 7) * 0.4).astype(np.float32)
@@ -61,11 +61,6 @@ def test_subtitles():
         to_srt(segments) == "1\n00:00:00,000 --> 00:00:01,500\none\n\n2\n00:01:01,250 --> 01:02:03,000\ntwo\n"
     )
     assert to_vtt(segments).startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.500\none\n")
-
-
-def test_languages_are_named_as_openai_names_them():
-    assert [language_name(c) for c in ("en", "zh", "DE", "yue")] == ["english", "chinese", "german", "cantonese"]
-    assert language_name("xx") == "xx" and language_name(None) is None  # unknown codes pass through
 
 
 def test_voice_store_persists_atomically(tmp_path):

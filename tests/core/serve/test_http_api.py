@@ -122,6 +122,7 @@ def test_transcriptions_any_format_and_rate(client):
             timestamp_granularities=["segment"],
         )
         assert verbose.duration == pytest.approx(3.0, abs=0.05)  # resampled to the family's 16 kHz
+        assert verbose.language == "en"  # a family that gives no language_name: its code
         assert len(verbose.segments) == 3 and verbose.text == " ".join(s.text for s in verbose.segments)
         results[name] = verbose.text
     upload = tone_wav(3.0)
