@@ -41,10 +41,12 @@ class AsyncAREngine:
         if entry is not None:
             entry[0].call_soon_threadsafe(entry[1].put_nowait, RequestFailed(error))
 
-    async def stream(self, prompt_token_ids: list[int] | None = None, params: SamplingParams | None = None, prompt_embeds: Any = None, request_id: str | None = None, extras: dict | None = None) -> AsyncIterator[RequestOutput]:
-        """Yields one RequestOutput per step that gave this request a token; the last has ``finished``."""
+    async def stream(self, prompt_token_ids: list[int] | None = None, params: SamplingParams | None = None, prompt_embeds: Any = None, request_id: str | None = None, extras: dict | None = None,
+                     prefix_key: Any = None) -> AsyncIterator[RequestOutput]:
+        """Yields one RequestOutput per step that gave this request a token; the last has ``finished``
+        (``extras`` and ``prefix_key`` as in ``EngineRequest``)."""
         request_id = request_id or f"stream-{uuid.uuid4().hex}"
-        request = EngineRequest(request_id, prompt_token_ids, prompt_embeds, params or SamplingParams(), extras or {})
+        request = EngineRequest(request_id, prompt_token_ids, prompt_embeds, params or SamplingParams(), extras or {}, prefix_key=prefix_key)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
         self.loop.add(request_id, lambda: request)

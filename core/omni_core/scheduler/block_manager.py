@@ -22,7 +22,7 @@ class Block:
         self.token_ids: tuple[int, ...] = ()
 
 
-def chain_hash(prev_hash: int | None, token_ids: list[int] | tuple[int, ...]) -> int:
+def chain_hash(prev_hash: int, token_ids: list[int] | tuple[int, ...]) -> int:
     return hash((prev_hash, tuple(token_ids)))
 
 
@@ -60,10 +60,10 @@ class BlockManager:
         The block holding the last token is never reused: its token must be computed to get the
         logits, and writing it into a shared block would touch another sequence's cache.
         """
-        if not (self.enable_prefix_caching and seq.cacheable):
+        if not self.enable_prefix_caching or seq.prefix_root is None:
             return []
         hits: list[int] = []
-        prev = None
+        prev = seq.prefix_root
         for i in range((len(seq) - 1) // self.block_size):
             tokens = seq.block_tokens(i, self.block_size)
             h = chain_hash(prev, tokens)
@@ -142,12 +142,12 @@ class BlockManager:
 
     def register_computed(self, seq: Sequence) -> None:
         """Publish the hashes of ``seq``'s newly completed full blocks to the prefix cache."""
-        if not (self.enable_prefix_caching and seq.cacheable):
+        if not self.enable_prefix_caching or seq.prefix_root is None:
             return
         full = seq.num_computed_tokens // self.block_size
         if full <= seq.num_hashed_blocks:
             return
-        prev = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash if seq.num_hashed_blocks else None
+        prev = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash if seq.num_hashed_blocks else seq.prefix_root
         for i in range(seq.num_hashed_blocks, full):
             tokens = tuple(seq.block_tokens(i, self.block_size))
             h = chain_hash(prev, tokens)

@@ -54,7 +54,12 @@ class EngineConfig:
 class EngineRequest:
     """A request for the engine: prompt ids or prompt embeddings [L, H] (one of them), sampling,
     ``extras`` visible to the model (ForwardContext.extras) and hooks (StepBatch.extras), and
-    ``hidden_layers`` to return per step (0: input embeddings, i: output of decoder layer i)."""
+    ``hidden_layers`` to return per step (0: input embeddings, i: output of decoder layer i).
+
+    ``prefix_key``: for a request with extras, what they change in its KV (any hashable; ``""``
+    when the model does not read them, e.g. sampling state for a hook): only requests with equal
+    keys share prefix-cached blocks. A request with extras and no key is not prefix-cached (its
+    blocks could differ from another's with the same ids); one with prompt embeddings never is."""
 
     request_id: str
     prompt_token_ids: list[int] | None = None
@@ -62,6 +67,7 @@ class EngineRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     extras: dict[str, Any] = field(default_factory=dict)
     hidden_layers: tuple[int, ...] = ()
+    prefix_key: Any = None
 
 
 @dataclass
@@ -140,7 +146,8 @@ class AREngine:
         num_layers = getattr(getattr(self.model, "kv_cache_spec", None), "num_layers", None)
         if num_layers is not None and any(not 0 <= layer <= num_layers for layer in request.hidden_layers):
             raise ValueError(f"hidden_layers must be in [0, {num_layers}] (0: input embeddings)")
-        seq = Sequence(request.request_id, request.prompt_token_ids, request.params, request.prompt_embeds, request.extras, request.hidden_layers, self.eos_token_ids)
+        seq = Sequence(request.request_id, request.prompt_token_ids, request.params, request.prompt_embeds, request.extras, request.hidden_layers,
+                       self.eos_token_ids, request.prefix_key)
         vocab = self._vocab_size()
         if request.prompt_token_ids is not None and vocab and any(not 0 <= t < vocab for t in seq.token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab}) (the vocab size)")

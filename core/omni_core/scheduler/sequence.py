@@ -22,7 +22,10 @@ class Sequence:
     """Prompt plus generated tokens of one request.
 
     A prompt is token ids, or embeddings ``[L, H]`` (then ``token_ids`` holds ``L`` placeholder
-    ids, and the prefix cache skips the prompt, since ids do not identify its content).
+    ids, and the prefix cache skips the prompt, since ids do not identify its content). Nor do
+    ids alone identify the KV of a request whose ``extras`` the model may read: such a request is
+    prefix-cached only under a ``prefix_key`` naming what its extras change (blocks are shared
+    between equal keys only).
     ``num_computed_tokens`` counts tokens whose KV is in the cache; prefill may take several
     steps (chunked) before the first token is sampled.
     """
@@ -36,6 +39,7 @@ class Sequence:
         extras: dict[str, Any] | None = None,
         hidden_layers: tuple[int, ...] = (),
         eos_token_ids: tuple[int, ...] = (),
+        prefix_key: Any = None,
     ):
         if prompt_embeds is not None:
             if prompt_embeds.dim() != 2:
@@ -51,6 +55,10 @@ class Sequence:
         self.params = params
         self.extras: dict[str, Any] = extras if extras is not None else {}
         self.hidden_layers = tuple(hidden_layers)
+        # where the prefix cache's hash chain of this sequence starts (None: not prefix-cached)
+        self.prefix_root: int | None = None
+        if prompt_embeds is None and (prefix_key is not None or not self.extras):
+            self.prefix_root = hash(("prefix", prefix_key))
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops.update(eos_token_ids)

@@ -1,6 +1,7 @@
 """A tiny random transformers Qwen2 checkpoint shared by the engine tests."""
 
 import pytest
+import torch
 
 from tests.helpers.hf_models import one_torch_thread, save_hf_models  # noqa: F401 - autouse fixture
 
@@ -20,3 +21,23 @@ def tiny_model(tiny_checkpoint):
     from omni_core.models import load_causal_lm
 
     return load_causal_lm(tiny_checkpoint[1])
+
+
+class ShiftedLM(torch.nn.Module):
+    """``base`` with each request's ``extras["shift"]`` added to its input embeddings: a model
+    that reads per-request state from its extras (as a family keeps per-request encoder state)."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.base = base
+        self.kv_cache_spec, self.hidden_size = base.kv_cache_spec, base.hidden_size
+
+    def embed(self, ids):
+        return self.base.embed(ids)
+
+    def forward(self, embeds, positions, ctx):
+        shift = torch.cat([ex["shift"].expand(n, -1) for ex, n in zip(ctx.extras, ctx.query_lens, strict=True)])
+        return self.base(embeds + shift, positions, ctx)
+
+    def compute_logits(self, hidden):
+        return self.base.compute_logits(hidden)

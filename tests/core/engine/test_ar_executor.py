@@ -18,6 +18,8 @@ from omni_core.scheduler import (
 )
 from omni_core.scheduler.executor import Message, StageContext
 
+from .conftest import ShiftedLM
+
 
 class Collector:
     def __init__(self):
@@ -115,22 +117,6 @@ def test_stage_streams_tokens_fails_bad_requests_alone_and_aborts(tiny_model):
 def test_stage_with_custom_request_and_per_request_extras(tiny_model):
     """A family's make_request/on_output, and extras the model reads per sequence (the way a
     family keeps per-request encoder state): the batch gives each request its own result."""
-
-    class ShiftedLM(torch.nn.Module):
-        def __init__(self, base):
-            super().__init__()
-            self.base = base
-            self.kv_cache_spec, self.hidden_size = base.kv_cache_spec, base.hidden_size
-
-        def embed(self, ids):
-            return self.base.embed(ids)
-
-        def forward(self, embeds, positions, ctx):
-            shift = torch.cat([ex["shift"].expand(n, -1) for ex, n in zip(ctx.extras, ctx.query_lens, strict=True)])
-            return self.base(embeds + shift, positions, ctx)
-
-        def compute_logits(self, hidden):
-            return self.base.compute_logits(hidden)
 
     model = ShiftedLM(tiny_model)
     shifts = {f"r{i}": torch.randn(1, 64) * 0.5 for i in range(3)}

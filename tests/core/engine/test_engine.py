@@ -4,7 +4,7 @@ import pytest
 import torch
 from omni_core.scheduler import AREngine, EngineConfig, EngineRequest, SamplingParams
 
-from .conftest import VOCAB
+from .conftest import VOCAB, ShiftedLM
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
@@ -30,6 +30,32 @@ def test_embedding_prompt_equals_token_prompt(tiny_model):
     engine.add_request(EngineRequest("e", prompt_embeds=embeds, params=GREEDY))
     by_embeds = [t for o in run_all(engine)["e"] for t in o.new_token_ids]
     assert by_embeds == by_ids
+
+
+def test_prefix_cache_keeps_apart_requests_whose_extras_change_their_kv(tiny_model):
+    # the same ids, but the model adds each request's shift to its inputs: a block computed for
+    # one request is not the other's, so without a prefix key saying what the extras change,
+    # such requests are not prefix-cached (two full blocks here would be)
+    model = ShiftedLM(tiny_model)
+    prompt = [5, 17, 99, 3, 42, 8, 1, 2, 9]
+    shifts = {"up": torch.full((1, 64), 0.5), "down": torch.full((1, 64), -0.5)}
+
+    def tokens(engine, rid, shift, **key):
+        engine.add_request(EngineRequest(rid, prompt_token_ids=prompt, params=GREEDY, extras={"shift": shifts[shift]}, **key))
+        return [t for o in run_all(engine)[rid] for t in o.new_token_ids]
+
+    alone = {shift: tokens(engine_for(model), "x", shift) for shift in shifts}
+    assert alone["up"] != alone["down"]
+    engine = engine_for(model)
+    assert tokens(engine, "a", "up") == alone["up"] and tokens(engine, "b", "down") == alone["down"]
+    assert engine.stats()["prefix_cache_hit_tokens"] == 0
+    # a prefix key names what the extras change: equal keys share cached blocks, others do not
+    engine = engine_for(model)
+    assert tokens(engine, "a", "up", prefix_key="up") == alone["up"]
+    assert tokens(engine, "b", "down", prefix_key="down") == alone["down"]
+    assert engine.stats()["prefix_cache_hit_tokens"] == 0
+    assert tokens(engine, "c", "up", prefix_key="up") == alone["up"]
+    assert engine.stats()["prefix_cache_hit_tokens"] == 8
 
 
 def test_hidden_states_match_transformers(tiny_checkpoint, tiny_model):
