@@ -14,6 +14,7 @@ import pytest
 import torch
 from omni_core.api import Omni
 from omni_core.pipeline import RequestFailed
+from omni_whisper import timing
 from omni_whisper.checkpoint import bundled_model_dir
 from omni_whisper.features import log_mel, split_windows
 from omni_whisper.presets import write_tiny
@@ -56,6 +57,21 @@ def test_token_times_equal_transformers(bundled_hf_dir, padded):
         weights = alignment_weights(worker.model, encoded, [*prompt, *text], worker.alignment_heads)[:, len(prompt) :]
         expected = out["token_timestamps"][0, : len(text)].numpy()
         np.testing.assert_allclose(token_times(weights, frames), expected, atol=1e-6)
+
+
+@pytest.mark.skipif(timing._native_path() is None, reason="no C compiler on this machine")
+def test_the_c_path_and_the_sorting_network_equal_their_numpy_and_torch_forms():
+    # the C dynamic time warping gives numpy's path, ties included (integer costs tie often);
+    # the median filter's min/max network gives torch's median over each window exactly
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        rows, cols = int(rng.integers(1, 60)), int(rng.integers(1, 300))
+        cost = rng.integers(-2, 3, (rows, cols)).astype(np.float64) if trial % 2 else rng.standard_normal((rows, cols))
+        ours, reference = timing.monotonic_path(cost), timing.monotonic_path_numpy(cost)
+        assert np.array_equal(ours[0], reference[0]) and np.array_equal(ours[1], reference[1])
+    x = torch.randn(3, 20, 300)
+    padded = torch.nn.functional.pad(x.reshape(-1, 1, 300), (3, 3), mode="reflect").reshape(3, 20, -1)
+    assert torch.equal(timing.median_filter(x, 7), padded.unfold(-1, 7, 1).median(dim=-1).values)
 
 
 def test_words_follow_the_transcript_and_the_speech(padded):

@@ -57,16 +57,22 @@ def preferred(name: str) -> bool:
     return torch.get_num_threads() <= MAX_INTRA_OP_THREADS and load(name) is not None
 
 
-@functools.cache
 def load(name: str) -> ctypes.CDLL | None:
     """The library built from ``<name>.c`` beside this file, or None where it cannot be built."""
+    return load_source(Path(__file__).with_name(f"{name}.c"))
+
+
+@functools.cache
+def load_source(source: Path) -> ctypes.CDLL | None:
+    """The library built from the C file ``source`` (a plugin may ship its own; the headers beside
+    it are part of its build key), or None where it cannot be built."""
+    name = source.stem
     if not enabled():
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.warning("no C compiler found: the host kernels of %s fall back to torch", name)
         return None
-    source = Path(__file__).with_name(f"{name}.c")
     code = b"".join(path.read_bytes() for path in [source, *sorted(source.parent.glob("*.h"))])  # with the headers it includes
     key = hashlib.sha256(b"\0".join([code, " ".join(FLAGS).encode(), compiler.encode(), _cpu_identity()])).hexdigest()[:16]
     cache = cache_root() / "native"
@@ -89,10 +95,10 @@ def load(name: str) -> ctypes.CDLL | None:
         return None
 
 
-def function(name: str, symbol: str, argtypes: list, restype=None):
-    """``symbol`` of the library built from ``<name>.c`` with its ctypes signature, or None where the
-    library cannot be built."""
-    lib = load(name)
+def function(name: str | Path, symbol: str, argtypes: list, restype=None):
+    """``symbol`` of the library built from ``<name>.c`` (or from the C file at a path) with its
+    ctypes signature, or None where the library cannot be built."""
+    lib = load_source(name) if isinstance(name, Path) else load(name)
     if lib is None:
         return None
     fn = getattr(lib, symbol)
