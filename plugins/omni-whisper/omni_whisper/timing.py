@@ -124,7 +124,7 @@ def token_times(weights: torch.Tensor, frames: int) -> np.ndarray:
     w = weights[:, :, : max(1, frames // 2)]
     std, mean = torch.std_mean(w, dim=-2, keepdim=True, unbiased=False)
     w = median_filter((w - mean) / std, MEDIAN_WIDTH).mean(dim=0)
-    path_rows, path_cols = monotonic_path(-w.double().numpy())
+    path_rows, path_cols = monotonic_path(-w.double().cpu().numpy())  # the warping runs on the host
     starts = np.pad(np.diff(path_rows), (1, 0), constant_values=1).astype(bool)
     return path_cols[starts] * SECONDS_PER_FRAME
 

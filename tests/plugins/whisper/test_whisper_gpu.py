@@ -64,6 +64,17 @@ def test_timestamped_rows_on_cuda_batch_like_alone(tmp_path):
         assert segments and all(0.0 <= s["start"] <= s["end"] <= len(clip) / 16000 for s in segments)
 
 
+def test_word_timestamps_on_cuda(tmp_path):
+    # the alignment heads' weights come off the device for the warping
+    path = write_tiny(str(tmp_path / "tiny"))
+    clip = _clips()[3]  # a 4 s tone
+    with Omni(family="whisper", model=path, device="cuda", options={"dtype": "float32"}) as omni:
+        result = omni.transcribe(clip, 16000, word_timestamps=True)
+    words = [w for s in result.segments for w in s.get("words", [])]
+    assert words and [w["word"] for w in words] == result.text.split()
+    assert all(0.0 <= w["start"] <= w["end"] <= 4.0 for w in words)
+
+
 def test_language_detection_and_translation_on_cuda(tmp_path):
     path = write_tiny_multilingual(str(tmp_path / "tiny-multilingual"))
     reference = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).cuda().eval()
