@@ -44,6 +44,7 @@ class WhisperDecodeExecutor(Executor):
         self._waiting: deque[Window] = deque()
         self.steps = 0
         self.fallbacks = 0  # windows decoded again at a higher temperature
+        self.alignments_taken = 0  # word-timestamp windows aligned from their batch row (no second cross K/V)
 
     def start(self) -> None:
         self.worker = self.stage.factory(self.context)  # a DecoderWorker: model, tokenizer, rules
@@ -76,6 +77,7 @@ class WhisperDecodeExecutor(Executor):
             "waiting_windows": len(self._waiting),
             "steps": self.steps,
             "fallbacks": self.fallbacks,
+            "alignments_taken": self.alignments_taken,
             "graph_replays": self.batch.graphs.replays if self._thread and self.batch.graphs else 0,
         }
 
@@ -134,23 +136,44 @@ class WhisperDecodeExecutor(Executor):
         for request in {w.request_id: self._requests[w.request_id] for w in self.batch.windows}.values():
             if request.live:
                 self._stream(request)
+        for row in finished:
+            self._take_alignment(row)
         for window in self.batch.remove(finished):
             self._finish_window(window)
 
-    def _finish_window(self, window: Window) -> None:
+    def _take_alignment(self, row: int) -> None:
+        """For word timestamps: the alignment of a window that is done, while its cross-attention
+        K/V is still in the batch (a failure here leaves it to ``words``, which computes it again
+        and fails only that request)."""
+        window = self.batch.windows[row]
+        request = self._requests[window.request_id]
+        if not request.word_timestamps or self._decodes_again(request, window):
+            return
+        try:
+            window.alignment = self.worker.alignment(window, [(k[row : row + 1], v[row : row + 1]) for k, v in self.batch.cross_kv])
+        except Exception:
+            window.alignment = None
+        else:
+            self.alignments_taken += window.alignment is not None
+
+    def _decodes_again(self, request: RequestState, window: Window) -> bool:
         """Temperature fallback (when enabled and the request asked for temperature 0): a window
         whose text repeats itself (gzip ratio > 2.4) or is unlikely (mean logprob < -1) decodes
         again at temperature +0.2, up to 1.0; the last attempt is kept."""
+        if request.live or window.temperature + FALLBACK_STEP > MAX_TEMPERATURE + 1e-6:
+            return False
+        text = self.worker.tokenizer.decode(window.tokens)
+        mean_logprob = window.logprob_sum / max(1, len(window.tokens))
+        return compression_ratio(text) > COMPRESSION_RATIO_LIMIT or mean_logprob < LOGPROB_LIMIT
+
+    def _finish_window(self, window: Window) -> None:
         request = self._requests[window.request_id]
-        if not request.live and window.temperature + FALLBACK_STEP <= MAX_TEMPERATURE + 1e-6:
-            text = self.worker.tokenizer.decode(window.tokens)
-            mean_logprob = window.logprob_sum / max(1, len(window.tokens))
-            if compression_ratio(text) > COMPRESSION_RATIO_LIMIT or mean_logprob < LOGPROB_LIMIT:
-                window.temperature += FALLBACK_STEP
-                self.fallbacks += 1
-                window.tokens, window.logprob_sum, window.attempt = [], 0.0, window.attempt + 1
-                self._waiting.appendleft(window)
-                return
+        if self._decodes_again(request, window):
+            window.temperature += FALLBACK_STEP
+            self.fallbacks += 1
+            window.tokens, window.logprob_sum, window.attempt = [], 0.0, window.attempt + 1
+            self._waiting.appendleft(window)
+            return
         request.done[window.index] = window
         self._stream(request)
         if len(request.done) == len(request.windows):

@@ -33,6 +33,9 @@ class Window:
     tokens: list[int] = field(default_factory=list)
     logprob_sum: float = 0.0
     attempt: int = 0
+    # the alignment heads' cross-attention over its text, taken before its row left the batch
+    # (word timestamps; timing.alignment_weights), so its cross K/V is not computed again
+    alignment: torch.Tensor | None = None
 
 
 @dataclass

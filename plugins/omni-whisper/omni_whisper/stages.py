@@ -22,7 +22,7 @@ from omni_whisper.decoding import LogitRules, RequestState, Window
 from omni_whisper.dtypes import resolve_dtype
 from omni_whisper.features import log_mel, split_windows
 from omni_whisper.model import WhisperModel
-from omni_whisper.timing import window_words
+from omni_whisper.timing import alignment_weights, window_words
 from omni_whisper.tokenizer import WhisperTokenizer
 
 MAX_NEW_TOKENS = 224  # per 30 s window: half the decoder's positions, as in Whisper
@@ -164,13 +164,24 @@ class DecoderWorker:
         self.language_codes = [code for _, code in codes]
         self.language_ids = torch.tensor([token_id for token_id, _ in codes], device=self.model.decoder.embed_tokens.weight.device)
 
-    def words(self, request: RequestState, window: Window) -> list[dict]:
-        """Word timestamps of a decoded window (``timing``)."""
+    def _timing_prompt(self, window: Window) -> list[int]:
         # the text alone is aligned (timestamp tokens dropped), after a prompt that says so
-        prompt = window.prompt if window.prompt[-1] == self.tokenizer.no_timestamps else [*window.prompt, self.tokenizer.no_timestamps]
+        return window.prompt if window.prompt[-1] == self.tokenizer.no_timestamps else [*window.prompt, self.tokenizer.no_timestamps]
+
+    def alignment(self, window: Window, cross_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+        """The alignment heads' weights over a finished window's prompt and text, from its row's
+        cross-attention K/V in the decode batch (None without text)."""
+        text = [t for t in window.tokens if t < self.tokenizer.eot]
+        if not text:
+            return None
         with self.lock:
-            return window_words(self.model, self.tokenizer, request.encoded[window.index], prompt, window.tokens,
-                                self.alignment_heads, window.offset, window.duration)
+            return alignment_weights(self.model, None, [*self._timing_prompt(window), *text], self.alignment_heads, cross_kv=cross_kv)
+
+    def words(self, request: RequestState, window: Window) -> list[dict]:
+        """Word timestamps of a decoded window (``timing``; from ``window.alignment`` when taken)."""
+        with self.lock:
+            return window_words(self.model, self.tokenizer, request.encoded[window.index], self._timing_prompt(window), window.tokens,
+                                self.alignment_heads, window.offset, window.duration, weights=window.alignment)
 
     def new_request(self, request_id: str, payload: dict, live: bool):
         language = payload["language"] or self.detect_language(payload["encoded"][0])

@@ -33,16 +33,20 @@ MAX_MEDIAN_WORD = 0.7  # s: the median word duration the pause rule assumes at m
 PUNCTUATION = set("\"'“¿([{-.。,，!！?？:：”)]}、")
 
 
-def alignment_weights(model: WhisperModel, encoded: torch.Tensor, tokens: list[int], heads: list[list[int]]) -> torch.Tensor:
-    """Cross-attention weights [heads, len(tokens), S] of ``tokens`` fed to the decoder at once."""
-    device = encoded.device
+def alignment_weights(model: WhisperModel, encoded: torch.Tensor | None, tokens: list[int], heads: list[list[int]],
+                      cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+    """Cross-attention weights [heads, len(tokens), S] of ``tokens`` fed to the decoder at once,
+    over the encoder output ``encoded`` [S, D], or over its cross-attention K/V where given
+    (each [1, H, S, hd]: a decode batch's row)."""
     captured: list[torch.Tensor] = []
     with torch.inference_mode():
+        cross_kv = cross_kv if cross_kv is not None else model.decoder.cross_kv(encoded[None])
+        device = cross_kv[0][0].device
         model.decoder(
             torch.tensor([tokens], device=device),
             torch.zeros(1, dtype=torch.long, device=device),
             model.new_self_cache(1, capacity=len(tokens)),
-            model.decoder.cross_kv(encoded[None]),
+            cross_kv,
             cross_weights=captured,
         )
     return torch.stack([captured[layer][0, head] for layer, head in heads]).float()
@@ -130,14 +134,18 @@ def token_times(weights: torch.Tensor, frames: int) -> np.ndarray:
 
 
 def window_words(model: WhisperModel, tok: WhisperTokenizer, encoded: torch.Tensor, prompt: list[int],
-                 tokens: list[int], heads: list[list[int]], offset: float, duration: float) -> list[dict]:
-    """``[{"word", "start", "end"}]`` (seconds from the request's start) of a decoded window."""
+                 tokens: list[int], heads: list[list[int]], offset: float, duration: float,
+                 weights: torch.Tensor | None = None) -> list[dict]:
+    """``[{"word", "start", "end"}]`` (seconds from the request's start) of a decoded window;
+    ``weights``: its ``alignment_weights`` over prompt + text when already taken."""
     text = [t for t in tokens if t < tok.eot]
     if not text or not heads:
         return []
+    if weights is None:
+        weights = alignment_weights(model, encoded, [*prompt, *text], heads)
     # the rows of the queries that predict each text token and then the end of text: a token
     # starts where the query predicting it does, and the last word ends where the end is predicted
-    weights = alignment_weights(model, encoded, [*prompt, *text], heads)[:, len(prompt) - 1 :]
+    weights = weights[:, len(prompt) - 1 :]
     times = token_times(weights, int(duration * 100))
     spans: list[list] = []  # [word, first token, end token]
     for index, token in enumerate(text):

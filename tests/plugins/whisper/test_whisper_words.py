@@ -16,6 +16,8 @@ from omni_core.api import Omni
 from omni_core.pipeline import RequestFailed
 from omni_whisper import timing
 from omni_whisper.checkpoint import bundled_model_dir
+from omni_whisper.decode_batch import DecodeBatch
+from omni_whisper.decoding import Window
 from omni_whisper.features import log_mel, split_windows
 from omni_whisper.presets import write_tiny
 from omni_whisper.stages import DecoderWorker
@@ -59,6 +61,28 @@ def test_token_times_equal_transformers(bundled_hf_dir, padded):
         np.testing.assert_allclose(token_times(weights, frames), expected, atol=1e-6)
 
 
+def test_alignment_from_the_batch_row_equals_the_one_computed_again(padded):
+    # a finished window's alignment is taken from its row of the decode batch (its cross K/V
+    # computed once, at admission): the same weights as from the encoder output again
+    worker = DecoderWorker(str(bundled_model_dir()), "float32")
+    tok = worker.tokenizer
+    audio, _ = padded[0]
+    with torch.inference_mode():
+        encoded = worker.model.encoder(log_mel(split_windows(torch.from_numpy(audio))[0]))
+    batch = DecodeBatch(worker.model, worker.rules, capacity=2, source_positions=encoded.shape[1])
+    window = Window("r", 0, 0.0, len(audio) / 16000, tok.prompt("en", False, None, 0), False, 0.0, 224)
+    batch.admit(Window("other", 0, 0.0, 1.0, tok.prompt("en", False, None, 0), False, 0.0, 3), encoded[0] * 0.5)
+    batch.admit(window, encoded[0])
+    while window.tokens[-1:] != [tok.eot]:
+        batch.step()
+    row = batch.windows.index(window)
+    taken = worker.alignment(window, [(k[row : row + 1], v[row : row + 1]) for k, v in batch.cross_kv])
+    text = [t for t in window.tokens if t < tok.eot]
+    assert window.prompt[-1] == tok.no_timestamps  # (the prompt word timing aligns after)
+    again = alignment_weights(worker.model, encoded[0], [*window.prompt, *text], worker.alignment_heads)
+    assert taken is not None and torch.equal(taken, again)
+
+
 @pytest.mark.skipif(timing._native_path() is None, reason="no C compiler on this machine")
 def test_the_c_path_and_the_sorting_network_equal_their_numpy_and_torch_forms():
     # the C dynamic time warping gives numpy's path, ties included (integer costs tie often);
@@ -85,7 +109,9 @@ def test_words_follow_the_transcript_and_the_speech(padded):
             assert words[0]["start"] > LEAD - 0.5  # the silence before the sentence is not the first word's
             assert abs(words[-1]["end"] - speech_end) < 0.4
         plain = omni.transcribe(padded[0][0], 16000)
+        taken = omni.stats()["stages"]["decoder"]["alignments_taken"]
     assert all("words" not in s for s in plain.segments)  # only on request
+    assert taken == len(padded)  # each window aligned from its batch row, not computed again
 
 
 def test_a_word_timing_failure_fails_only_its_request(tmp_path):
