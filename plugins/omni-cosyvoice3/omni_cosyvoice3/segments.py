@@ -41,9 +41,9 @@ def _characters(text: str, count: Callable[[str], int], budget: int) -> list[tup
     out, start = [], 0
     while start < len(text):
         end = min(len(text), start + 8 * budget)  # a first guess (8 characters a token), then shrunk
-        while end - start > 1 and (tokens := count(text[start:end])) > budget:
+        while (tokens := count(text[start:end])) > budget and end - start > 1:
             end = start + max(1, (end - start) * budget // tokens)
-        out.append((text[start:end], count(text[start:end])))
+        out.append((text[start:end], tokens))
         start = end
     return out
 

@@ -6,7 +6,7 @@ admission. This executor keeps both in a packed ``DecodeBatch``: windows of ever
 and leave the running batch between steps. See docs/families/whisper.md.
 
 Stage options: ``max_batch`` (rows decoded together, default 32), ``temperature_fallback``
-(default False; see ``finish_window``), ``cuda_graphs`` (default True: decode steps on CUDA
+(default False; see ``_decodes_again``), ``cuda_graphs`` (default True: decode steps on CUDA
 replay captured graphs, ``decode_graphs``).
 """
 
@@ -136,19 +136,22 @@ class WhisperDecodeExecutor(Executor):
         for request in {w.request_id: self._requests[w.request_id] for w in self.batch.windows}.values():
             if request.live:
                 self._stream(request)
+        ended = []  # (window, whether it decodes again), decided once
         for row in finished:
-            self._take_alignment(row)
-        for window in self.batch.remove(finished):
-            self._finish_window(window)
+            window = self.batch.windows[row]
+            request = self._requests[window.request_id]
+            again = self._decodes_again(request, window)
+            if request.word_timestamps and not again:
+                self._take_alignment(row, window)
+            ended.append((window, again))
+        self.batch.remove(finished)
+        for window, again in ended:
+            self._finish_window(window, again)
 
-    def _take_alignment(self, row: int) -> None:
+    def _take_alignment(self, row: int, window: Window) -> None:
         """For word timestamps: the alignment of a window that is done, while its cross-attention
         K/V is still in the batch (a failure here leaves it to ``words``, which computes it again
         and fails only that request)."""
-        window = self.batch.windows[row]
-        request = self._requests[window.request_id]
-        if not request.word_timestamps or self._decodes_again(request, window):
-            return
         try:
             window.alignment = self.worker.alignment(window, [(k[row : row + 1], v[row : row + 1]) for k, v in self.batch.cross_kv])
         except Exception:
@@ -166,9 +169,9 @@ class WhisperDecodeExecutor(Executor):
         mean_logprob = window.logprob_sum / max(1, len(window.tokens))
         return compression_ratio(text) > COMPRESSION_RATIO_LIMIT or mean_logprob < LOGPROB_LIMIT
 
-    def _finish_window(self, window: Window) -> None:
+    def _finish_window(self, window: Window, again: bool) -> None:
         request = self._requests[window.request_id]
-        if self._decodes_again(request, window):
+        if again:
             window.temperature += FALLBACK_STEP
             self.fallbacks += 1
             window.tokens, window.logprob_sum, window.attempt = [], 0.0, window.attempt + 1

@@ -78,7 +78,7 @@ class LogitRules:
     def apply(self, logits: torch.Tensor, windows: list[Window]) -> None:
         neg = float("-inf")
         if self.suppress.device != logits.device:  # once: the masks move to the decoder's device
-            for name in ("suppress", "begin", "no_timestamp_mask", "with_timestamp_mask"):
+            for name in ("suppress", "begin", "no_timestamp_mask", "with_timestamp_mask", "vocab_ids"):
                 setattr(self, name, getattr(self, name).to(logits.device))
         # each row's two flags (timestamps on, nothing decoded yet) in one copy to the device
         stamped, first = torch.tensor([[w.timestamps, not w.tokens] for w in windows], device=logits.device).T
@@ -114,8 +114,6 @@ class LogitRules:
         begin, vocab, neg = self.tok.timestamp_begin, logits.shape[-1], float("-inf")
         table = torch.tensor([[row, *self._banned_spans(windows[row].tokens, vocab)] for row in rows], device=logits.device)
         index, bounds = table[:, 0], table[:, 1:].view(len(rows), 2, 2)
-        if self.vocab_ids.device != logits.device:
-            self.vocab_ids = self.vocab_ids.to(logits.device)
         banned = ((self.vocab_ids >= bounds[..., :1]) & (self.vocab_ids < bounds[..., 1:])).any(dim=1)
         whole = len(rows) == len(logits)  # every row: no gather and scatter
         picked = logits.masked_fill_(banned, neg) if whole else logits.index_select(0, index).masked_fill_(banned, neg)

@@ -203,3 +203,18 @@ class WhisperModel(nn.Module):
         shape = (batch, heads, capacity or config.max_target_positions, config.d_model // heads)
         weight = self.decoder.embed_tokens.weight
         return [(weight.new_zeros(shape), weight.new_zeros(shape)) for _ in self.decoder.layers]
+
+    def decode_sequence(self, tokens: list[int], cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+                        cross_weights: list | None = None) -> torch.Tensor:
+        """Logits [1, V] after ``tokens`` fed at once, from position 0, into a fresh cache, over one
+        window's cross-attention K/V (``Decoder.cross_kv``: each [1, H, S, hd]); ``cross_weights``
+        as in ``Decoder.forward``. A one-off pass (language detection, word timing)."""
+        device = cross_kv[0][0].device
+        with torch.inference_mode():
+            return self.decoder(
+                torch.tensor([tokens], device=device),
+                torch.zeros(1, dtype=torch.long, device=device),
+                self.new_self_cache(1, capacity=len(tokens)),
+                cross_kv,
+                cross_weights=cross_weights,
+            )

@@ -215,14 +215,8 @@ class DecoderWorker:
     def detect_language(self, encoded: torch.Tensor) -> str:
         """The most likely language token after ``<|startoftranscript|>`` given one window's
         encoding [S, D] (the request's first 30 s, as Whisper detects it)."""
-        device = encoded.device
         with torch.inference_mode(), self.lock:
-            logits = self.model.decoder(
-                torch.tensor([[self.tokenizer.sot]], device=device),
-                torch.zeros(1, dtype=torch.long, device=device),
-                self.model.new_self_cache(1, capacity=1),
-                self.model.decoder.cross_kv(encoded[None]),
-            )
+            logits = self.model.decode_sequence([self.tokenizer.sot], self.model.decoder.cross_kv(encoded[None]))
         return self.language_codes[int(logits[0, self.language_ids].argmax())]
 
 

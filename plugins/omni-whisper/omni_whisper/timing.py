@@ -39,16 +39,10 @@ def alignment_weights(model: WhisperModel, encoded: torch.Tensor | None, tokens:
     over the encoder output ``encoded`` [S, D], or over its cross-attention K/V where given
     (each [1, H, S, hd]: a decode batch's row)."""
     captured: list[torch.Tensor] = []
-    with torch.inference_mode():
-        cross_kv = cross_kv if cross_kv is not None else model.decoder.cross_kv(encoded[None])
-        device = cross_kv[0][0].device
-        model.decoder(
-            torch.tensor([tokens], device=device),
-            torch.zeros(1, dtype=torch.long, device=device),
-            model.new_self_cache(1, capacity=len(tokens)),
-            cross_kv,
-            cross_weights=captured,
-        )
+    if cross_kv is None:
+        with torch.inference_mode():
+            cross_kv = model.decoder.cross_kv(encoded[None])
+    model.decode_sequence(tokens, cross_kv, cross_weights=captured)
     return torch.stack([captured[layer][0, head] for layer, head in heads]).float()
 
 
