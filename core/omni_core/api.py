@@ -204,7 +204,7 @@ class Omni:
         self._require("speech")
         reference = None
         if reference_audio is not None:
-            reference = load_audio(reference_audio, reference_sample_rate, "reference_audio")
+            reference = load_audio(reference_audio, reference_sample_rate, "reference_audio", self.limits.max_audio_seconds)
             voice_id = None
         else:
             voice_id, reference, saved_text = self.resolve_voice(voice)
@@ -238,7 +238,7 @@ class Omni:
         if task not in ("transcription", "translation"):
             raise InvalidInput(f"task must be transcription or translation, not {task!r}", "task")
         self._require(task)
-        samples, rate = load_audio(audio, sample_rate, "file")
+        samples, rate = load_audio(audio, sample_rate, "file", self.limits.max_audio_seconds)
         return build.transcription_inputs(
             samples,
             rate,

@@ -13,6 +13,7 @@ batch can be retried one message at a time without emitting anything twice.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import traceback
@@ -30,9 +31,10 @@ class RequestGone(Exception):
 
 
 def describe_error(exc: BaseException) -> str:
-    """``Type: message`` plus the innermost frame, enough to find the failing line."""
+    """``Type: message`` plus the innermost frame's file name and line, enough to find the
+    failing line (clients see this: not the server's directories)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from omni_core.serve.exceptions import InvalidInput
+from omni_core.serve.exceptions import InputTooLarge, InvalidInput
 
 CONTENT_TYPES = {
     "mp3": "audio/mpeg",
@@ -51,26 +51,44 @@ def check_output_format(fmt: str, param: str = "response_format") -> str:
     return fmt
 
 
-def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
-    """Any format libsndfile reads (wav, flac, mp3, ogg...) -> float32 mono and its sample rate."""
+def decode_audio(data: bytes, max_seconds: float | None = None, param: str = "file") -> tuple[np.ndarray, int]:
+    """Any format libsndfile reads (wav, flac, mp3, ogg...) -> float32 mono and its sample rate.
+    With ``max_seconds``, reading stops as soon as the audio is longer (``InputTooLarge``): a few
+    KB of compressed silence can hold hours, which would be decoded into memory in full."""
     if not data:
-        raise AudioDecodeError("the audio is empty")
+        raise AudioDecodeError("the audio is empty", param)
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
-            rate = f.samplerate
+            rate, declared = f.samplerate, f.frames
+            most = None if max_seconds is None else int(max_seconds * rate)
             # Read in blocks: a streamed file's header may not know its length.
-            blocks = []
+            blocks, frames = [], 0
             while True:
                 block = f.read(65536, dtype="float32", always_2d=True)
                 if block.shape[0] == 0:
                     break
                 blocks.append(block)
+                frames += block.shape[0]
+                if most is not None and frames > most:
+                    check_seconds(max(frames, declared) / rate, max_seconds, param, at_least=declared <= frames)
+    except InvalidInput:
+        raise
     except Exception as exc:  # libsndfile raises several types for garbage input
-        raise AudioDecodeError(f"could not decode the audio ({exc})") from None
+        # its messages name the in-memory file object ("Error opening <_io.BytesIO object at 0x...>: ...")
+        reason = re.sub(r"^Error opening <[^>]*>: ", "", str(exc))
+        raise AudioDecodeError(f"could not decode the audio ({reason})", param) from None
     audio = np.concatenate(blocks) if blocks else np.zeros((0, 1), np.float32)
     if audio.shape[0] == 0:
-        raise AudioDecodeError("the audio has no samples")
+        raise AudioDecodeError("the audio has no samples", param)
     return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), int(rate)
+
+
+def check_seconds(seconds: float, max_seconds: float, param: str, at_least: bool = False) -> None:
+    """``InputTooLarge`` (413) for audio longer than ``max_seconds``; ``at_least``: reading
+    stopped there, the whole may be longer."""
+    if seconds > max_seconds:
+        length = f"over {max_seconds:g} s long" if at_least else f"{seconds:.1f} s long"
+        raise InputTooLarge(f"{param} is {length}; this server accepts at most {max_seconds:g} s", param)
 
 
 def resample(audio: np.ndarray, rate: int, target: int | None) -> np.ndarray:

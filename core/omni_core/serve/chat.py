@@ -65,7 +65,7 @@ async def create_chat_completion(body: ChatRequest, request: Request):
         if not body.stream:
             events = await collect(request, handle)
             return JSONResponse(await _complete(omni, reply, events, wants_audio, fmt))
-        first, rest = await events_with_first(handle)
+        first, rest = await events_with_first(request, handle)
         streaming = True
     finally:
         if not streaming:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_core.serve.audio_codecs import decode_audio, decode_base64, resample
+from omni_core.serve.audio_codecs import check_seconds, decode_audio, decode_base64, resample
 from omni_core.serve.exceptions import InputTooLarge, InvalidInput
 
 
@@ -26,16 +26,16 @@ class Limits:
     max_upload_mb: float = 25.0  # raw request size of uploads, as OpenAI's transcription endpoint
 
 
-def load_audio(audio: Any, sample_rate: int | None, param: str) -> tuple[np.ndarray, int]:
-    """A path, encoded bytes, or samples with their ``sample_rate`` -> float32 mono and rate."""
+def load_audio(audio: Any, sample_rate: int | None, param: str, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
+    """A path, encoded bytes, or samples with their ``sample_rate`` -> float32 mono and rate;
+    encoded audio longer than ``max_seconds`` is refused while it decodes (``decode_audio``)."""
     if isinstance(audio, (str, os.PathLike)):
         path = Path(audio)
         if not path.is_file():
             raise InvalidInput(f"{param}: no such file {str(path)!r}", param)
         audio = path.read_bytes()
     if isinstance(audio, (bytes, bytearray, memoryview)):
-        decoded, rate = decode_audio(bytes(audio))
-        return decoded, rate
+        return decode_audio(bytes(audio), max_seconds, param)
     if isinstance(audio, torch.Tensor):
         audio = audio.detach().cpu().numpy()
     samples = np.asarray(audio, dtype=np.float32)
@@ -49,12 +49,7 @@ def load_audio(audio: Any, sample_rate: int | None, param: str) -> tuple[np.ndar
 
 
 def check_duration(samples: np.ndarray, rate: int, limits: Limits, param: str) -> None:
-    seconds = len(samples) / rate
-    if seconds > limits.max_audio_seconds:
-        raise InputTooLarge(
-            f"{param} is {seconds:.1f} s long; this server accepts at most {limits.max_audio_seconds:g} s",
-            param,
-        )
+    check_seconds(len(samples) / rate, limits.max_audio_seconds, param)
 
 
 def check_text(text: str, limits: Limits, param: str) -> str:
@@ -150,12 +145,12 @@ def _chat_part(part: Any, where: str, target_rate: int | None, limits: Limits) -
         if not isinstance(data, str):
             raise InvalidInput(f"{where}.input_audio.data must be base64 audio", f"{where}.input_audio.data")
         samples, rate = load_audio(
-            decode_base64(data, f"{where}.input_audio.data"), None, f"{where}.input_audio"
+            decode_base64(data, f"{where}.input_audio.data"), None, f"{where}.input_audio", limits.max_audio_seconds
         )
         check_duration(samples, rate, limits, f"{where}.input_audio")
         return {"type": "audio", "audio": _tensor(resample(samples, rate, target_rate))}
     if kind == "audio":  # offline API: samples (or a path / bytes) given directly
-        samples, rate = load_audio(part.get("audio"), part.get("sample_rate"), f"{where}.audio")
+        samples, rate = load_audio(part.get("audio"), part.get("sample_rate"), f"{where}.audio", limits.max_audio_seconds)
         check_duration(samples, rate, limits, f"{where}.audio")
         return {"type": "audio", "audio": _tensor(resample(samples, rate, target_rate))}
     if kind == "image_url":

@@ -83,7 +83,7 @@ async def create_speech(body: SpeechRequest, request: Request):
             _observe(state, slot.started, None, len(audio) / rate)
             content = await asyncio.to_thread(encode_audio, audio, rate, fmt)
             return Response(content, media_type=CONTENT_TYPES[fmt], headers=_rate_header(rate))
-        first, rest = await events_with_first(handle)
+        first, rest = await events_with_first(request, handle)
         streaming = True
     finally:
         if not streaming:

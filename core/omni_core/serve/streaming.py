@@ -67,12 +67,27 @@ async def collect(request: Request, handle) -> list[OutputEvent]:
     raise ClientGone()
 
 
-async def events_with_first(handle) -> tuple[OutputEvent | None, AsyncIterator[OutputEvent]]:
+async def events_with_first(request: Request, handle) -> tuple[OutputEvent | None, AsyncIterator[OutputEvent]]:
     """Waits for the first event so that a request failing at once still gets a JSON error
-    (before any streamed byte); returns it and an iterator over the rest."""
+    (before any streamed byte); returns it and an iterator over the rest. Aborts the request
+    if the client disconnects first (``ClientGone``), as ``collect`` does."""
     iterator = handle.__aiter__()
+    first_event = asyncio.ensure_future(iterator.__anext__())
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
     try:
-        first = await iterator.__anext__()
+        done, _ = await asyncio.wait({first_event, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        first_event.cancel()
+        watcher.cancel()
+        handle.abort()
+        raise
+    if first_event not in done:
+        first_event.cancel()
+        handle.abort()
+        raise ClientGone()
+    watcher.cancel()
+    try:
+        first = first_event.result()
     except StopAsyncIteration:
         first = None
     except RequestFailed as exc:

@@ -32,7 +32,7 @@ _TRUE = ("true", "1", "yes", "on")
 
 async def read_upload(request: Request, max_mb: float) -> tuple[object, bytes]:
     """The parsed form and the bytes of its ``file``; 413 past ``max_mb`` (checked before parsing
-    when the client states a length, and again on the bytes)."""
+    when the client states a length, while receiving the body, and again on the bytes)."""
     limit = int(max_mb * 1024 * 1024)
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:
@@ -42,8 +42,11 @@ async def read_upload(request: Request, max_mb: float) -> tuple[object, bytes]:
             param="file",
             code="too_large",
         )
+    too_large = APIError(413, f"upload exceeds the limit of {max_mb:g} MB", param="file", code="too_large")
     try:
-        form = await request.form(max_files=1, max_fields=64)
+        form = await _body_limited(request, limit + 64 * 1024).form(max_files=1, max_fields=64)
+    except _BodyTooLarge:
+        raise too_large from None
     except Exception as exc:
         raise APIError(400, f"expected a multipart/form-data body: {exc}", param="file") from None
     upload = form.get("file")
@@ -55,8 +58,30 @@ async def read_upload(request: Request, max_mb: float) -> tuple[object, bytes]:
     data = await upload.read(limit + 1)
     await form.close()
     if len(data) > limit:
-        raise APIError(413, f"upload exceeds the limit of {max_mb:g} MB", param="file", code="too_large")
+        raise too_large
     return form, data
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _body_limited(request: Request, limit: int) -> Request:
+    """``request`` whose body stops being received past ``limit`` bytes: a client that states no
+    length (a chunked upload) would otherwise have its whole body spooled to disk by the form
+    parser before the size is known."""
+    received = 0
+
+    async def receive():
+        nonlocal received
+        message = await request.receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise _BodyTooLarge()
+        return message
+
+    return Request(request.scope, receive)
 
 
 def _float(form, name: str, default: float) -> float:
@@ -98,6 +123,12 @@ async def _audio_to_text(request: Request, endpoint: str, task: str):
             f"timestamp_granularities: unknown {unknown}; use segment or word",
             param="timestamp_granularities",
         )
+    if granularities and fmt != "verbose_json":
+        # as OpenAI's API: only verbose_json carries them (the others would decode with timestamps,
+        # text can differ then, and align words, only to drop them)
+        raise APIError(
+            400, "timestamp_granularities need response_format verbose_json", param="timestamp_granularities"
+        )
     stream = str(form.get("stream") or "").lower() in _TRUE
     if stream and fmt not in ("json", "text"):
         raise APIError(
@@ -125,7 +156,7 @@ async def _audio_to_text(request: Request, endpoint: str, task: str):
             final = next((e.payload for e in events if e.name == "text" and e.end), {})
             _observe(state, endpoint, slot.started, seconds)
             return _render(final, fmt, granularities, task)
-        first, rest = await events_with_first(handle)
+        first, rest = await events_with_first(request, handle)
         streaming = True
     finally:
         if not streaming:

@@ -48,7 +48,7 @@ async def create_voice(request: Request):
             param="text",
             code="missing_required_parameter",
         )
-    samples, rate = await asyncio.to_thread(load_audio, data, None, "file")
+    samples, rate = await asyncio.to_thread(load_audio, data, None, "file", state.config.limits.max_audio_seconds)
     check_duration(samples, rate, state.config.limits, "file")
     reserved = {v.id for v in omni.builtin_voices()} | {v.name for v in omni.builtin_voices()}
     try:

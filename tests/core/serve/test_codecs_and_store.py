@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import soundfile as sf
 from omni_core.serve.admission import Admission
 from omni_core.serve.audio_codecs import StreamEncoder, decode_audio, encode_audio
 from omni_core.serve.errors import APIError
-from omni_core.serve.exceptions import InvalidInput
+from omni_core.serve.exceptions import InputTooLarge, InvalidInput
 from omni_core.serve.text_formats import to_srt, to_vtt
 from omni_core.serve.voices_store import VoiceStore, VoiceStoreError
 
@@ -51,8 +52,33 @@ def test_opus_resamples_to_a_rate_it_supports():
 def test_aac_and_garbage_are_clear_errors():
     with pytest.raises(InvalidInput, match="aac"):
         encode_audio(TONE, 24000, "aac")
-    with pytest.raises(InvalidInput, match="could not decode"):
+    with pytest.raises(InvalidInput, match="could not decode") as garbage:
         decode_audio(b"\x00\x01" * 100)
+    assert "BytesIO" not in str(garbage.value) and " at 0x" not in str(garbage.value)  # no object reprs
+
+
+def silent_flac(seconds: int, rate: int = 8000) -> bytes:
+    """FLAC of silence: a few KB a minute."""
+    out = io.BytesIO()
+    with sf.SoundFile(out, "w", rate, 1, format="FLAC", subtype="PCM_16") as f:
+        for _ in range(seconds // 60):
+            f.write(np.zeros(60 * rate, np.int16))
+    return out.getvalue()
+
+
+def test_compressed_audio_past_the_limit_is_refused_without_decoding_it_all():
+    bomb = silent_flac(3600)  # an hour: 115 MB as float32, 0.1 MB as FLAC
+    assert len(bomb) < 200_000
+    tracemalloc.start()  # numpy reports its buffers to tracemalloc
+    try:
+        with pytest.raises(InputTooLarge, match="file is 3600.0 s long; this server accepts at most 60 s"):
+            decode_audio(bomb, max_seconds=60)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * 1024 * 1024  # a minute and a block (2 MB of float32), not the hour
+    audio, rate = decode_audio(silent_flac(60), max_seconds=60)  # at the limit: accepted
+    assert len(audio) == 60 * rate
 
 
 def test_subtitles():

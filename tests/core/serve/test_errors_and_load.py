@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import socket
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from tests.core.serve.server import API_KEY, metric, tone_wav
+from tests.core.serve.test_codecs_and_store import silent_flac
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 SPEECH = "/v1/audio/speech"
@@ -43,13 +46,21 @@ BAD_REQUESTS = [
         SPEECH,
         speech(voice=None, reference_audio=base64.b64encode(b"nope" * 50).decode()),
         400,
-        "file",
+        "reference_audio",
     ),
     ("reference is not base64", SPEECH, speech(reference_audio="%%%"), 400, "reference_audio"),
     ("not json", SPEECH, {"content": b"{nope", "headers": {"content-type": "application/json"}}, 400, None),
     ("undecodable upload", TRANSCRIPTIONS, upload(b"RIFF not really a wav file" * 10), 400, "file"),
     ("upload too large", TRANSCRIPTIONS, upload(b"\0" * (1024 * 1024 + 200_000)), 413, "file"),
     ("audio too long", TRANSCRIPTIONS, upload(tone_wav(25.0, rate=8000)), 413, "file"),
+    ("compressed audio too long", TRANSCRIPTIONS, upload(silent_flac(3600)), 413, "file"),
+    (
+        "timestamp granularities without verbose_json",
+        TRANSCRIPTIONS,
+        upload(tone_wav(1.0), **{"timestamp_granularities[]": "word"}),
+        400,
+        "timestamp_granularities",
+    ),
     ("no file", TRANSCRIPTIONS, {"data": {"model": "testfamily"}}, 400, "file"),
     (
         "bad response_format",
@@ -184,3 +195,44 @@ def test_client_disconnect_aborts_in_every_stage(api_server):
         httpx.post(f"{url}{SPEECH}", json=body, headers=HEADERS, timeout=httpx.Timeout(30.0, read=0.3))
     _wait_idle(url)
     assert metric(url, "omni_requests_aborted_total", endpoint=SPEECH) == aborted + 2
+
+
+def test_upload_without_a_length_is_refused_once_past_the_limit(api_server):
+    """A chunked upload states no Content-Length: its body must stop being received at the limit
+    (1 MB here), not be spooled whole before the size is known."""
+    url = urlsplit(api_server.url)
+    boundary = "omniboundary"
+    head = (
+        f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    part = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+        "Content-Type: audio/wav\r\n\r\n"
+    ).encode()
+    chunk = b"\0" * 65536
+    sent, reply = 0, b""
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(head.encode() + b"%x\r\n%s\r\n" % (len(part), part))
+        try:
+            while sent < 64 * 1024 * 1024 and not reply:  # at most 64 MB: far past the limit
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                sent += len(chunk)
+                sock.settimeout(0.0)
+                try:
+                    reply = sock.recv(65536)
+                except BlockingIOError:
+                    pass
+                sock.settimeout(30)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        sock.settimeout(30)
+        while b"\r\n\r\n" not in reply:
+            more = sock.recv(65536)
+            if not more:
+                break
+            reply += more
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    # answered while the client was still sending (what it sent past the limit sits in socket buffers)
+    assert sent < 32 * 1024 * 1024
+    assert metric(api_server.url, "omni_running_requests") == 0
