@@ -204,6 +204,13 @@ class StreamEncoder:
         return tail
 
 
+    def discard(self) -> None:
+        """Closes the encoder of a stream cut short (while its buffer is alive: left to the
+        garbage collector, libsndfile's close would write into a freed buffer and log errors)."""
+        if self._file is not None and not self._file.closed:
+            self._file.close()
+
+
 def encode_audio(audio: np.ndarray, rate: int, fmt: str) -> bytes:
     """Whole-file encoding (sizes in the wav header are exact)."""
     fmt = check_output_format(fmt)

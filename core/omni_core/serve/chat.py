@@ -140,6 +140,9 @@ async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, 
     except (RequestFailed, RequestAborted) as exc:
         yield sse({"error": error_event(exc)["error"]})
         return
+    finally:
+        if encoder is not None:
+            encoder.discard()
     if first_audio_at is not None:
         state.metrics.first_audio.labels(ENDPOINT).observe(first_audio_at - slot.started)
     yield _chunk(reply, {}, finish="stop")

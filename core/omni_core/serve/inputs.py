@@ -55,10 +55,23 @@ def check_duration(samples: np.ndarray, rate: int, limits: Limits, param: str) -
 def check_text(text: str, limits: Limits, param: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise InvalidInput(f"{param} must be a non-empty string", param)
+    return check_optional_text(text, limits, param)
+
+
+def check_optional_text(text: str | None, limits: Limits, param: str) -> str | None:
+    """A text field that may be absent: at most ``max_input_chars`` (each is tokenized and
+    embedded with the request, so none may be unbounded) and valid Unicode (JSON can carry
+    lone surrogates, which no tokenizer takes)."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise InvalidInput(f"{param} must be a string", param)
     if len(text) > limits.max_input_chars:
-        raise InputTooLarge(
-            f"{param} has {len(text)} characters; the limit is {limits.max_input_chars}", param
-        )
+        raise InputTooLarge(f"{param} has {len(text)} characters; the limit is {limits.max_input_chars}", param)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{param} is not valid Unicode (it holds a lone surrogate)", param) from None
     return text
 
 
@@ -79,6 +92,8 @@ def speech_inputs(
     limits: Limits,
 ) -> dict[str, Any]:
     check_text(text, limits, "input")
+    check_optional_text(instructions, limits, "instructions")
+    check_optional_text(reference_text, limits, "reference_text")
     if not 0.25 <= speed <= 4.0:
         raise InvalidInput("speed must be between 0.25 and 4.0", "speed")
     inputs: dict[str, Any] = {
@@ -138,6 +153,7 @@ def _chat_part(part: Any, where: str, target_rate: int | None, limits: Limits) -
         text = part.get("text")
         if not isinstance(text, str):
             raise InvalidInput(f"{where}.text must be a string", f"{where}.text")
+        check_optional_text(text, Limits(max_input_chars=limits.max_input_chars * 8), f"{where}.text")
         return {"type": "text", "text": text}
     if kind == "input_audio":
         spec = part.get("input_audio") or {}
@@ -180,6 +196,7 @@ def chat_inputs(
 ) -> dict[str, Any]:
     if not messages:
         raise InvalidInput("messages must not be empty", "messages")
+    check_optional_text(reference_text, limits, "reference_text")
     converted = []
     chars = 0
     for i, message in enumerate(messages):
@@ -193,6 +210,7 @@ def chat_inputs(
         if content is None:
             parts = []
         elif isinstance(content, str):
+            check_optional_text(content, Limits(max_input_chars=limits.max_input_chars * 8), f"messages[{i}].content")
             parts = [{"type": "text", "text": content}]
         elif isinstance(content, list):
             parts = [

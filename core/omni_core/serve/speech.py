@@ -56,7 +56,8 @@ async def create_speech(body: SpeechRequest, request: Request):
         )
     if body.reference_text is not None and body.reference_audio is None:
         raise APIError(400, "reference_text needs reference_audio", param="reference_text")
-    reference = decode_base64(body.reference_audio, "reference_audio") if body.reference_audio else None
+    # an empty reference is refused (as empty audio), not taken for none
+    reference = decode_base64(body.reference_audio, "reference_audio") if body.reference_audio is not None else None
     slot = await state.admit(ENDPOINT)
     streaming = False  # from here on the stream's generator releases the slot
     try:
@@ -135,6 +136,7 @@ async def _encoded(state, slot, first, rest, fmt: str, rate: int):
         yield tail, usage
         _observe(state, slot.started, first_audio_at, samples / rate)
     finally:
+        encoder.discard()  # nothing left to do after close(); closes it when the stream was cut
         await slot.release()
 
 

@@ -124,10 +124,13 @@ class SlotStreamingResponse(StreamingResponse):
 def error_event(exc: Exception) -> dict:
     """The SSE error event of a stream that cannot finish."""
     if isinstance(exc, RequestAborted):
-        message, code = "request aborted: the server is shutting down", "aborted"
+        message, kind, code = "request aborted: the server is shutting down", "server_error", "aborted"
+    elif isinstance(exc, RequestFailed):  # as the same failure before the stream began
+        error = stage_failure(exc)
+        message, kind, code = error.message, error.type, error.code
     else:
-        message, code = str(exc), "stage_failed"
+        message, kind, code = str(exc), "server_error", "stage_failed"
     return {
         "type": "error",
-        "error": {"message": message, "type": "server_error", "param": None, "code": code},
+        "error": {"message": message, "type": kind, "param": None, "code": code},
     }

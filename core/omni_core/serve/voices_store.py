@@ -23,6 +23,7 @@ import numpy as np
 import soundfile as sf
 
 _NAME = re.compile(r"^[\w][\w .-]{0,63}$")
+_ID = re.compile(r"^voice_[0-9a-f]{16}$")
 
 
 class VoiceStoreError(ValueError):
@@ -113,8 +114,10 @@ class VoiceStore:
 
     def delete(self, voice_id: str) -> bool:
         with self._lock:
+            if not _ID.match(voice_id):  # what save makes: anything else names no voice (nor a path)
+                return False
             meta = self.dir / f"{voice_id}.json"
-            if not voice_id.startswith("voice_") or "/" in voice_id or not meta.exists():
+            if not meta.exists():
                 return False
             meta.unlink()  # the voice is gone from here on; the audio is only its payload
             (self.dir / f"{voice_id}.wav").unlink(missing_ok=True)

@@ -110,12 +110,17 @@ class Frontend:
                 self._references.move_to_end(key)
                 self.reference_hits += 1
                 return list(encoded[0]), encoded[1], encoded[2]
+        peak = float(np.abs(wav).max())
+        if peak > 1.0:  # past full scale (a float file): the log-mels of 1e19 overflow to NaN
+            wav = wav / peak
         wav16 = resample(wav, sample_rate, 16000)
         wav24 = resample(wav, sample_rate, self.sample_rate)
         tokens = self.speech_tokens(wav16)
         mel = prompt_mel(wav24)
         usable = min(mel.shape[0] // 2, len(tokens))
         encoded = (tokens[:usable], mel[: 2 * usable], self.speaker_embedding(wav16))
+        if min(tokens, default=0) < 0 or not torch.isfinite(encoded[1]).all() or not torch.isfinite(encoded[2]).all():
+            raise InvalidInput("reference_audio could not be encoded (its features are not finite)")
         with self._references_lock:
             self.reference_misses += 1
             self._references[key] = encoded

@@ -29,6 +29,11 @@ def upload(data: bytes, **fields):
     return {"data": {"model": "testfamily", **fields}, "files": {"file": ("a.wav", data, "audio/wav")}}
 
 
+def raw_json(text: str):
+    """A JSON body sent as written (json.dumps would not let a lone surrogate through)."""
+    return {"content": text.encode(), "headers": {"content-type": "application/json"}}
+
+
 def chat_part(part):
     return {"json": {"model": "testfamily", "messages": [{"role": "user", "content": [part]}]}}
 
@@ -49,6 +54,30 @@ BAD_REQUESTS = [
         "reference_audio",
     ),
     ("reference is not base64", SPEECH, speech(reference_audio="%%%"), 400, "reference_audio"),
+    ("reference is empty", SPEECH, speech(voice=None, reference_audio=""), 400, "reference_audio"),
+    ("instructions too long", SPEECH, speech(instructions="a" * 2001), 413, "instructions"),
+    (
+        "reference_text too long",
+        SPEECH,
+        speech(voice=None, reference_audio=base64.b64encode(tone_wav(1.0)).decode(), reference_text="a" * 2001),
+        413,
+        "reference_text",
+    ),
+    ("lone surrogate in input", SPEECH, raw_json('{"model": "testfamily", "input": "\\ud800abc", "voice": "alloy"}'), 400, "input"),
+    (
+        "lone surrogate in instructions",
+        SPEECH,
+        raw_json('{"model": "testfamily", "input": "hi", "voice": "alloy", "instructions": "\\udfffx"}'),
+        400,
+        "instructions",
+    ),
+    (
+        "lone surrogate in chat",
+        CHAT,
+        raw_json('{"model": "testfamily", "messages": [{"role": "user", "content": "\\ud800"}]}'),
+        400,
+        "messages[0].content",
+    ),
     ("not json", SPEECH, {"content": b"{nope", "headers": {"content-type": "application/json"}}, 400, None),
     ("undecodable upload", TRANSCRIPTIONS, upload(b"RIFF not really a wav file" * 10), 400, "file"),
     ("upload too large", TRANSCRIPTIONS, upload(b"\0" * (1024 * 1024 + 200_000)), 413, "file"),
@@ -236,3 +265,9 @@ def test_upload_without_a_length_is_refused_once_past_the_limit(api_server):
     # answered while the client was still sending (what it sent past the limit sits in socket buffers)
     assert sent < 32 * 1024 * 1024
     assert metric(api_server.url, "omni_running_requests") == 0
+
+
+def test_deleting_a_voice_id_no_voice_could_have_is_a_404(api_server):
+    for voice_id in ("voice_" + "a" * 300, "voice_..", "voice_0123456789abcdeg"):
+        r = httpx.delete(f"{api_server.url}/v1/audio/voices/{voice_id}", headers=HEADERS, timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text

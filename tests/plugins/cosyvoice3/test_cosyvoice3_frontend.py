@@ -115,6 +115,18 @@ def test_bad_input_is_refused_clearly(frontend, payload, message):
         frontend.prepare(payload)
 
 
+def test_a_reference_past_full_scale_is_encoded_as_the_same_recording_at_full_scale(frontend, reference):
+    audio, rate, _, _ = reference
+    audio = np.asarray(audio, dtype=np.float32)
+    peak = np.abs(audio).max()
+    loud = audio / peak * np.float32(1e30)  # a float file far past full scale: its log-mels overflowed
+    tokens, mel, embedding = frontend.reference(loud, rate)
+    assert all(0 <= t < 6561 for t in tokens) and torch.isfinite(mel).all() and torch.isfinite(embedding).all()
+    full_tokens, full_mel, _ = frontend.reference(audio / peak, rate)  # the same up to float rounding
+    assert len(tokens) == len(full_tokens) and np.mean(np.equal(tokens, full_tokens)) > 0.9
+    assert torch.allclose(mel, full_mel, atol=1e-3)
+
+
 def test_a_recording_is_encoded_once_and_then_reused(tiny_dir, reference):
     audio, rate, _, _ = reference
     frontend = Frontend(tiny_dir, load_speakers(tiny_dir))  # its own cache
