@@ -41,6 +41,44 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
 
+class JsonBodyLimitMiddleware:
+    """Refuses (413) a JSON body on /v1 past ``limit()`` bytes before anything parses it: a body is
+    read whole into memory and parsed (JSON, then pydantic), so one huge request could exhaust the
+    server. Multipart uploads have their own limit (``transcriptions.read_upload``)."""
+
+    def __init__(self, app, limit: Callable[[], int]):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/") or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if headers.get(b"content-type", b"").startswith(b"multipart/"):
+            return await self.app(scope, receive, send)
+        limit = self.limit()
+        declared = headers.get(b"content-length", b"")
+        too_large = APIError(413, f"request body exceeds {limit} bytes", param=None, code="too_large")
+        if declared.isdigit() and int(declared) > limit:
+            return await too_large.response()(scope, receive, send)
+        body, size, more = [], 0, True  # read here (the app reads it whole anyway), counting as it comes
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left
+            body.append(message.get("body", b""))
+            size += len(body[-1])
+            more = message.get("more_body", False)
+            if size > limit:
+                return await too_large.response()(scope, receive, send)
+        replay = [{"type": "http.request", "body": b"".join(body), "more_body": False}]
+
+        async def replayed():
+            return replay.pop() if replay else await receive()
+
+        await self.app(scope, replayed, send)
+
+
 def create_app(
     config: ServeConfig,
     loader: Callable[[], Any],
@@ -80,6 +118,8 @@ def create_app(
     for module in (speech, transcriptions, chat, voices, info):
         app.include_router(module.router)
     app.include_router(info.open_router)
+    # a JSON body carries at most an upload's worth of base64 audio (4/3 of its bytes) and text
+    app.add_middleware(JsonBodyLimitMiddleware, limit=lambda: int(config.limits.max_upload_mb * 2**20 * 1.5) + 2**20)
     app.add_middleware(AuthMiddleware, state=state)
     app.add_middleware(MetricsMiddleware, metrics_getter=lambda: state.metrics)  # outermost: counts 401s too
     return app

@@ -271,3 +271,15 @@ def test_deleting_a_voice_id_no_voice_could_have_is_a_404(api_server):
     for voice_id in ("voice_" + "a" * 300, "voice_..", "voice_0123456789abcdeg"):
         r = httpx.delete(f"{api_server.url}/v1/audio/voices/{voice_id}", headers=HEADERS, timeout=10)
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["with a length", "chunked"])
+def test_a_json_body_past_the_limit_is_refused_before_it_is_parsed(api_server, chunked):
+    # the server takes 1 MB uploads, so 2.5 MB of JSON (an upload's worth of base64 and text)
+    # (a field the endpoint ignores: parsed, the body would be a valid request)
+    body = b'{"model": "testfamily", "voice": "alloy", "input": "hi", "padding": "' + b"a" * (3 * 2**20) + b'"}'
+    content = iter([body[i : i + 2**16] for i in range(0, len(body), 2**16)]) if chunked else body
+    r = httpx.post(f"{api_server.url}{SPEECH}", content=content, headers={**HEADERS, "content-type": "application/json"}, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", r.text
+    assert metric(api_server.url, "omni_running_requests") == 0
+    assert httpx.post(f"{api_server.url}{SPEECH}", headers=HEADERS, timeout=30, **speech()).status_code == 200
