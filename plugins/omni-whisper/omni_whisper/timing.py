@@ -11,7 +11,8 @@ Words are runs of text tokens whose first token starts with a space; punctuation
 the word before. As in Whisper, a token's row is the query that predicts it, so a word starts
 at its first token's time and ends at the time of the token after it (the last word: where the
 end of text is predicted). A pause before a word would otherwise count as part of the word: no
-word starts more than twice the median word duration (at most 0.7 s) before its end.
+word starts more than twice the median word duration (at most 0.7 s) before its end, and none
+that ends a sentence (or the text) ends more than that after its start.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from omni_whisper.tokenizer import WhisperTokenizer
 MEDIAN_WIDTH = 7
 SECONDS_PER_FRAME = 0.02  # one encoder position
 MAX_MEDIAN_WORD = 0.7  # s: the median word duration the pause rule assumes at most
+SENTENCE_ENDS = (".", "!", "?", "。", "！", "？")
 PUNCTUATION = set("\"'“¿([{-.。,，!！?？:：”)]}、")
 
 
@@ -140,6 +142,11 @@ def window_words(model: WhisperModel, tok: WhisperTokenizer, encoded: torch.Tens
     # the rows of the queries that predict each text token and then the end of text: a token
     # starts where the query predicting it does, and the last word ends where the end is predicted
     weights = weights[:, len(prompt) - 1 :]
+    # the text covers the audio up to the window's last timestamp (Whisper leaves the speech after
+    # it to the next window): aligned over the whole window, the last words stretch to its end
+    stamps = [tok.timestamp_seconds(t) for t in tokens if tok.is_timestamp(t)]
+    if stamps and max(stamps) > 0:
+        duration = min(duration, max(stamps))
     times = token_times(weights, int(duration * 100))
     spans: list[list] = []  # [word, first token, end token]
     for index, token in enumerate(text):
@@ -151,9 +158,14 @@ def window_words(model: WhisperModel, tok: WhisperTokenizer, encoded: torch.Tens
             spans.append([piece, index, index + 1])
     starts = np.array([times[a] for _, a, _ in spans])
     ends = np.array([times[b] for _, _, b in spans])
-    # a pause before a word aligns to the word: none lasts more than twice the median word (capped)
-    longest = 2 * min(MAX_MEDIAN_WORD, float(np.median(ends - starts)))
-    starts = np.maximum(starts, ends - max(longest, SECONDS_PER_FRAME))
+    # a pause next to a word aligns to the word: none lasts more than twice the median word
+    # (capped); the pause after a sentence's last word (or the text's) is cut from its end, any
+    # other pause from the start of the word after it
+    longest = max(2 * min(MAX_MEDIAN_WORD, float(np.median(ends - starts))), SECONDS_PER_FRAME)
+    final = np.array([word.strip().endswith(SENTENCE_ENDS) for word, _, _ in spans])
+    final[-1] = True
+    ends = np.where(final, np.minimum(ends, starts + longest), ends)
+    starts = np.maximum(starts, ends - longest)
     return [
         {"word": word.strip(), "start": round(offset + float(min(start, duration)), 2), "end": round(offset + float(min(end, duration)), 2)}
         for (word, _, _), start, end in zip(spans, starts, ends, strict=True)

@@ -22,6 +22,8 @@ from omni_whisper.features import log_mel, split_windows
 from omni_whisper.presets import write_tiny
 from omni_whisper.stages import DecoderWorker
 from omni_whisper.timing import alignment_weights, token_times
+
+from tests.plugins.whisper.conftest import speak, to_16k
 from transformers import WhisperForConditionalGeneration
 
 LEAD, TAIL = 1.0, 0.5  # seconds of silence around the sentence
@@ -112,6 +114,23 @@ def test_words_follow_the_transcript_and_the_speech(padded):
         taken = omni.stats()["stages"]["decoder"]["alignments_taken"]
     assert all("words" not in s for s in plain.segments)  # only on request
     assert taken == len(padded)  # each window aligned from its batch row, not computed again
+
+
+def test_a_sentence_end_is_not_stretched_over_the_pause_after_it():
+    """A sentence, silence, then speech cut by the window's end: the alignment path lingers on the
+    sentence's last word until that speech, so its end is capped as the starts are (it ended
+    18 s late before)."""
+    sentence = to_16k(speak("The birch canoe slid on the smooth planks."))
+    later = to_16k(speak("Glue the sheet to the dark blue background, it is easy to tell the depth of a well."))
+    audio = np.zeros(16000 * 34, np.float32)
+    audio[16000 : 16000 + len(sentence)] = sentence
+    later = later[: 16000 * 34 - int(16000 * 27.5)]
+    audio[int(16000 * 27.5) : int(16000 * 27.5) + len(later)] = later
+    with Omni(family="whisper", options={"dtype": "float32"}) as omni:
+        result = omni.transcribe(audio, 16000, word_timestamps=True)
+    words = [w for s in result.segments for w in s.get("words", [])]
+    planks = next(w for w in words if w["word"].startswith("planks"))
+    assert abs(planks["end"] - (1 + len(sentence) / 16000)) < 0.5
 
 
 def test_a_word_timing_failure_fails_only_its_request(tmp_path):
