@@ -63,13 +63,20 @@ class DecodeBatch:
                 ck[row] = k[0]
                 cv[row] = v[0]
             prefix = window.prompt[:-1]
-            if prefix:
-                self.model.decoder(
-                    torch.tensor([prefix], device=self.device),
-                    torch.zeros(1, dtype=torch.long, device=self.device),
-                    [(k[row : row + 1], v[row : row + 1]) for k, v in self.self_kv],
-                    [(k[row : row + 1], v[row : row + 1]) for k, v in self.cross_kv],
-                )
+            # prefilled in two runs when <|startoftranscript|> is in it: the first ends there, for
+            # the no-speech probability (a forward gives its last token's logits)
+            sot = prefix.index(self.rules.tok.sot) + 1 if self.rules.tok.sot in prefix else 0
+            window.no_speech_at_admission = None
+            for start, end in ((0, sot), (sot, len(prefix))):
+                if end > start:
+                    logits = self.model.decoder(
+                        torch.tensor([prefix[start:end]], device=self.device),
+                        torch.full((1,), start, dtype=torch.long, device=self.device),
+                        [(k[row : row + 1], v[row : row + 1]) for k, v in self.self_kv],
+                        [(k[row : row + 1], v[row : row + 1]) for k, v in self.cross_kv],
+                    )
+                    if end == sot:
+                        window.no_speech_at_admission = self._no_speech(logits)[0]
         self.windows.append(window)
         self.lengths.append(len(prefix))
         self.feed.append(window.prompt[-1])
@@ -87,6 +94,10 @@ class DecodeBatch:
                     [(k[:count], v[:count]) for k, v in self.self_kv],
                     [(k[:count], v[:count]) for k, v in self.cross_kv],
                 ).float()
+            # each window's no-speech probability at its first step (before the rules edit the
+            # logits: Whisper reads it from the raw ones), to the host with the tokens
+            first = [row for row, window in enumerate(self.windows) if not window.tokens]
+            no_speech = self._first_step_no_speech(logits, first)
             self.rules.apply(logits, self.windows)
             chosen = logits.argmax(dim=-1)
             temperatures = [w.temperature for w in self.windows]
@@ -98,7 +109,11 @@ class DecodeBatch:
             # log-probability (log_softmax + gather: on the CPU twice as fast as logsumexp at 16 x 51864)
             picked = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
             # tokens and log-probabilities in one copy to the host (token ids < 2^24: exact as float32)
-            chosen, picked = torch.stack([chosen.float(), picked]).tolist()
+            host = torch.stack([chosen.float(), picked, *([no_speech] if no_speech is not None else [])]).tolist()
+            chosen, picked = host[0], host[1]
+            if no_speech is not None:
+                for row in first:
+                    self.windows[row].no_speech_prob = host[2][row]
         finished = []
         eot = self.rules.tok.eot
         for row, (window, token, logprob) in enumerate(zip(self.windows, map(int, chosen), picked, strict=True)):
@@ -110,6 +125,29 @@ class DecodeBatch:
             if token == eot or len(window.tokens) >= window.max_new_tokens or full:
                 finished.append(row)
         return finished
+
+    def _no_speech(self, logits: torch.Tensor) -> torch.Tensor:
+        """The no-speech token's probability in each row of ``logits`` [N, V] (0 where the
+        vocabulary has no such token)."""
+        token = self.rules.tok.no_speech
+        if token is None:
+            return logits.new_zeros(logits.shape[0], dtype=torch.float32)
+        return torch.softmax(logits.float(), dim=-1)[:, token]
+
+    def _first_step_no_speech(self, logits: torch.Tensor, first: list[int]) -> torch.Tensor | None:
+        """[rows] holding the no-speech probability of the rows at their first step (those whose
+        prompt ends with <|startoftranscript|> read it from this step's logits, the others took
+        it at admission); None when no row is at its first step."""
+        if not first:
+            return None
+        values = torch.zeros(len(self.windows), dtype=torch.float32, device=self.device)
+        now = [row for row in first if self.windows[row].no_speech_at_admission is None]
+        if now:
+            values[now] = self._no_speech(logits[now])
+        for row in first:
+            if self.windows[row].no_speech_at_admission is not None:
+                values[row] = self.windows[row].no_speech_at_admission
+        return values
 
     def remove(self, rows: list[int]) -> list[Window]:
         """Drop rows (highest first so indices stay valid), moving the last row into each hole."""

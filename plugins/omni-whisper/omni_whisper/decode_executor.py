@@ -21,12 +21,18 @@ from omni_core.scheduler.executor import Executor, Message, StageContext
 
 from omni_whisper.cpu_threads import BUSY_DECODERS
 from omni_whisper.decode_batch import DecodeBatch
-from omni_whisper.decoding import RequestState, Window, compression_ratio, window_segments
+from omni_whisper.decoding import (
+    LOGPROB_THRESHOLD,
+    NO_SPEECH_THRESHOLD,
+    RequestState,
+    Window,
+    compression_ratio,
+    window_segments,
+)
 
 FALLBACK_STEP = 0.2
 MAX_TEMPERATURE = 1.0
 COMPRESSION_RATIO_LIMIT = 2.4
-LOGPROB_LIMIT = -1.0
 
 
 class WhisperDecodeExecutor(Executor):
@@ -45,6 +51,7 @@ class WhisperDecodeExecutor(Executor):
         self.steps = 0
         self.fallbacks = 0  # windows decoded again at a higher temperature
         self.alignments_taken = 0  # word-timestamp windows aligned from their batch row (no second cross K/V)
+        self.silent_windows = 0  # windows whose text was dropped as no speech (Window.silent)
 
     def start(self) -> None:
         self.worker = self.stage.factory(self.context)  # a DecoderWorker: model, tokenizer, rules
@@ -78,6 +85,7 @@ class WhisperDecodeExecutor(Executor):
             "steps": self.steps,
             "fallbacks": self.fallbacks,
             "alignments_taken": self.alignments_taken,
+            "silent_windows": self.silent_windows,
             "graph_replays": self.batch.graphs.replays if self._thread and self.batch.graphs else 0,
         }
 
@@ -141,7 +149,10 @@ class WhisperDecodeExecutor(Executor):
             window = self.batch.windows[row]
             request = self._requests[window.request_id]
             again = self._decodes_again(request, window)
-            if request.word_timestamps and not again:
+            if not again and window.silent():
+                window.tokens = []  # no speech: what it decoded is dropped (Whisper skips the window)
+                self.silent_windows += 1
+            if request.word_timestamps and not again and window.tokens:
                 self._take_alignment(row, window)
             ended.append((window, again))
         self.batch.remove(finished)
@@ -162,12 +173,12 @@ class WhisperDecodeExecutor(Executor):
     def _decodes_again(self, request: RequestState, window: Window) -> bool:
         """Temperature fallback (when enabled and the request asked for temperature 0): a window
         whose text repeats itself (gzip ratio > 2.4) or is unlikely (mean logprob < -1) decodes
-        again at temperature +0.2, up to 1.0; the last attempt is kept."""
-        if request.live or window.temperature + FALLBACK_STEP > MAX_TEMPERATURE + 1e-6:
+        again at temperature +0.2, up to 1.0; the last attempt is kept. A silent window
+        (``Window.silent``) is not decoded again."""
+        if request.live or window.temperature + FALLBACK_STEP > MAX_TEMPERATURE + 1e-6 or window.silent():
             return False
         text = self.worker.tokenizer.decode(window.tokens)
-        mean_logprob = window.logprob_sum / max(1, len(window.tokens))
-        return compression_ratio(text) > COMPRESSION_RATIO_LIMIT or mean_logprob < LOGPROB_LIMIT
+        return compression_ratio(text) > COMPRESSION_RATIO_LIMIT or window.avg_logprob < LOGPROB_THRESHOLD
 
     def _finish_window(self, window: Window, again: bool) -> None:
         request = self._requests[window.request_id]
@@ -200,8 +211,10 @@ class WhisperDecodeExecutor(Executor):
             window = request.done.get(index) or (request.windows[index] if request.live else None)
             if window is None:
                 return
-            text = tok.decode(window.tokens)
             finished = index in request.done
+            if not finished and (window.no_speech_prob or 0.0) > NO_SPEECH_THRESHOLD:
+                return  # its text may be dropped as no speech (Window.silent): sent once finished
+            text = tok.decode(window.tokens)
             if not finished and text.endswith("\ufffd"):
                 return  # a character split across tokens: wait for the rest
             if text.startswith(request.sent):
@@ -215,7 +228,16 @@ class WhisperDecodeExecutor(Executor):
         tok = self.worker.tokenizer
         segments = []
         for index in range(len(request.windows)):
-            window_segs = window_segments(tok, request.done[index])
+            window = request.done[index]
+            window_segs = window_segments(tok, window)
+            quality = {
+                "temperature": window.temperature,
+                "avg_logprob": window.avg_logprob,
+                "compression_ratio": compression_ratio(tok.decode([t for t in window.tokens if t < tok.eot])),
+                "no_speech_prob": window.no_speech_prob,
+            }
+            for seg in window_segs:
+                seg.update(quality)  # as Whisper's segments: of the window the segment is from
             if request.word_timestamps and window_segs:
                 try:
                     words = self.worker.words(request, request.done[index])

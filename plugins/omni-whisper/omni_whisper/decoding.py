@@ -16,6 +16,8 @@ import torch
 from omni_whisper.tokenizer import WhisperTokenizer
 
 MAX_INITIAL_TIMESTAMP = 50  # 1.0 s in 20 ms steps
+NO_SPEECH_THRESHOLD = 0.6
+LOGPROB_THRESHOLD = -1.0
 
 
 @dataclass
@@ -36,6 +38,18 @@ class Window:
     # the alignment heads' cross-attention over its text, taken before its row left the batch
     # (word timestamps; timing.alignment_weights), so its cross K/V is not computed again
     alignment: torch.Tensor | None = None
+    # the probability of the no-speech token after <|startoftranscript|> (known after the first step)
+    no_speech_prob: float | None = None
+    no_speech_at_admission: torch.Tensor | None = None  # when the prompt's prefill computed it
+
+    @property
+    def avg_logprob(self) -> float:
+        return self.logprob_sum / max(1, len(self.tokens))
+
+    def silent(self) -> bool:
+        """Whisper's test for a window without speech: the no-speech token was likely
+        (> 0.6) and the text is not (mean log-probability <= -1); its text is dropped."""
+        return (self.no_speech_prob or 0.0) > NO_SPEECH_THRESHOLD and self.avg_logprob <= LOGPROB_THRESHOLD
 
 
 @dataclass

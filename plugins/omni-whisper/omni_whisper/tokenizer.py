@@ -28,6 +28,10 @@ class WhisperTokenizer:
         self.timestamp_begin = self.no_timestamps + 1
         self.transcribe = self._id("<|transcribe|>")
         self.translate = self._id("<|translate|>")
+        # predicted after <|startoftranscript|> when a window holds no speech (older vocabularies
+        # name it <|nocaptions|>); its probability there is Whisper's no_speech_prob
+        vocab = self.bpe.get_vocab(with_added_tokens=True)
+        self.no_speech = vocab.get("<|nospeech|>", vocab.get("<|nocaptions|>"))
         self.multilingual = vocab_size >= 51865
         self.languages = {
             token.strip("<|>"): token_id

@@ -69,6 +69,24 @@ def test_streamed_deltas_add_up_to_the_final_text(omni, spoken_16k):
     assert "".join(deltas) == final["text"] and "football" in final["text"]
 
 
+def test_a_window_without_speech_is_dropped_and_never_streamed(omni, spoken_16k):
+    """Whisper's rule: no-speech token likely (> 0.6) and text unlikely (mean log-probability
+    <= -1): sampled at temperature 1, silence decodes to unlikely text, which is dropped; a
+    likely hallucination (tiny.en's "you" at temperature 0) is kept, as Whisper keeps it, with
+    its no_speech_prob for the caller to judge."""
+    silence = np.zeros(16000 * 5, np.float32)
+    dropped = omni.stats()["stages"]["decoder"]["silent_windows"]
+    events = list(omni.submit(omni.transcription_inputs(silence, 16000, temperature=1.0, timestamps=True)))
+    assert [e.payload["text"] for e in events] == [""] and events[-1].end  # no delta streamed
+    assert events[-1].payload["segments"] == []
+    assert omni.stats()["stages"]["decoder"]["silent_windows"] == dropped + 1
+    kept = omni.transcribe(silence, 16000, timestamps=True)
+    assert kept.text.strip().lower() == "you" and kept.segments[0]["no_speech_prob"] > 0.6
+    assert kept.segments[0]["avg_logprob"] > -1.0 and kept.segments[0]["temperature"] == 0.0
+    speech = omni.transcribe(spoken_16k[2], 16000, timestamps=True)
+    assert "coffee" in speech.text and all(s["no_speech_prob"] < 0.1 for s in speech.segments)
+
+
 def test_abort_frees_rows_and_the_engine_goes_on(omni, spoken_16k):
     audio = np.concatenate([spoken_16k[1], np.zeros(16000, dtype=np.float32)] * 20)  # 3 windows
     handle = omni.submit(omni.transcription_inputs(audio, 16000))
@@ -103,10 +121,11 @@ def test_bad_input_fails_only_that_request(omni, spoken_16k, audio, kwargs, mess
 
 
 def test_temperature_fallback_retries_unlikely_windows_only(spoken_16k):
-    noise = (0.3 * np.random.default_rng(0).standard_normal(32000)).astype(np.float32)
+    # speech played backwards: speech-like (not silent, see Window.silent) and unlikely as text
+    backwards = spoken_16k[2][::-1].copy()
     with Omni(family="whisper", device="cpu", options={"temperature_fallback": True}) as omni:
-        events = list(omni.submit(omni.transcription_inputs(noise, 16000)))
-        # noise is unlikely text: decoded again at 0.2, 0.4 ... up to 1.0 (at most 5 retries)
+        events = list(omni.submit(omni.transcription_inputs(backwards, 16000)))
+        # decoded again at 0.2, 0.4 ... up to 1.0 (at most 5 retries)
         retries = omni.stats()["stages"]["decoder"]["fallbacks"]
         assert 1 <= retries <= 5
         assert "".join(e.payload["text"] for e in events if not e.end) == events[-1].payload["text"]

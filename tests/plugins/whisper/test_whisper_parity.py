@@ -65,6 +65,30 @@ def test_greedy_tokens_equal_transformers_generate(models, spoken_16k, bundled_c
     assert "coffee" in tokenizer.decode(ours_tokens[1])
 
 
+def test_no_speech_probability_equals_transformers_at_the_start_of_transcript(models, spoken_16k, bundled_checkpoint):
+    """The no-speech token's probability after <|startoftranscript|> (Whisper's no_speech_prob),
+    taken at admission (the prompt continues past it) or at the first step (the prompt ends there),
+    against transformers' logits at that position; silence gives a high one, speech a low one."""
+    reference, ours, tokenizer = models
+    rules = LogitRules(tokenizer, bundled_checkpoint.suppress_ids, bundled_checkpoint.begin_suppress_ids, bundled_checkpoint.config.vocab_size)
+    clips = [spoken_16k[1], spoken_16k[1] * 0]
+    mel = torch.cat([_mel(clip) for clip in clips])
+    with torch.inference_mode():
+        encoded = ours.encoder(mel)
+        expected = torch.softmax(reference(input_features=mel, decoder_input_ids=torch.tensor([[tokenizer.sot]] * 2)).logits[:, 0], -1)
+    batch = DecodeBatch(ours, rules, capacity=4, source_positions=encoded.shape[1])
+    windows = []
+    for timestamps in (False, True):  # prompts [sot, notimestamps] and [sot]
+        for index in range(len(clips)):
+            windows.append(Window("r", index, 0.0, 30.0, tokenizer.prompt("en", timestamps, None, 0), timestamps, 0.0, 224))
+            batch.admit(windows[-1], encoded[index])
+    batch.step()
+    probs = [w.no_speech_prob for w in windows]
+    want = expected[:, tokenizer.no_speech].tolist() * 2
+    assert probs == pytest.approx(want, abs=1e-4)
+    assert probs[1] > 0.6 > 0.1 > probs[0]
+
+
 def test_timestamp_rules_equal_transformers_processor_row_by_row(models, bundled_checkpoint, bundled_hf_dir):
     # every branch of the rules, all rows in one batch: ours against transformers' processor on
     # each row alone (its prompt length as begin_index), with the static masks applied to both
