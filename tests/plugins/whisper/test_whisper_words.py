@@ -22,9 +22,9 @@ from omni_whisper.features import log_mel, split_windows
 from omni_whisper.presets import write_tiny
 from omni_whisper.stages import DecoderWorker
 from omni_whisper.timing import alignment_weights, token_times
+from transformers import WhisperForConditionalGeneration
 
 from tests.plugins.whisper.conftest import speak, to_16k
-from transformers import WhisperForConditionalGeneration
 
 LEAD, TAIL = 1.0, 0.5  # seconds of silence around the sentence
 
