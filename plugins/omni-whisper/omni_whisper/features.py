@@ -1,7 +1,7 @@
 """Whisper's log-mel features in torch (no torchaudio): 16 kHz, 25 ms Hann window, 10 ms hop.
 
-Audio is cut into 30 s windows; each window is zero-padded to 30 s, as Whisper was trained,
-and becomes ``[n_mels, 3000]``. The mel filters come from transformers' ``mel_filter_bank``
+Audio is cut into windows of at most 30 s, each ending at a quiet moment; each window is
+zero-padded to 30 s, as Whisper was trained, and becomes ``[n_mels, 3000]``. The mel filters come from transformers' ``mel_filter_bank``
 (Slaney scale and norm, 0-8 kHz), the same bank as ``WhisperFeatureExtractor``.
 """
 
@@ -50,14 +50,38 @@ def log_mel(windows: torch.Tensor, n_mels: int = 80) -> torch.Tensor:
     return (mel + 4.0) / 4.0
 
 
+# a window longer audio is cut into ends at the quietest moment of its last few seconds (the
+# lowest energy over a short span), not at a fixed 30 s: a cut then falls between words, where a
+# fixed cut splits a word, or leaves the speech after Whisper's last whole segment untranscribed
+CUT_SEARCH_SECONDS = 5.0
+QUIET_SPAN_SECONDS = 0.3
+
+
+def window_starts(audio: torch.Tensor) -> list[int]:
+    """Where each window starts (samples): every window but the last ends at the middle of the
+    quietest ``QUIET_SPAN_SECONDS`` of its last ``CUT_SEARCH_SECONDS`` (the latest such span on
+    ties, so windows stay long)."""
+    span, search = int(QUIET_SPAN_SECONDS * SAMPLE_RATE), int(CUT_SEARCH_SECONDS * SAMPLE_RATE)
+    starts = [0]
+    while audio.numel() - starts[-1] > WINDOW_SAMPLES:
+        end = starts[-1] + WINDOW_SAMPLES
+        power = audio[end - search : end].double().square()
+        sums = torch.cat([power.new_zeros(1), power.cumsum(0)])
+        energy = (sums[span:] - sums[:-span])[::HOP]  # each span starting every 10 ms
+        quietest = len(energy) - 1 - int(torch.argmin(energy.flip(0)))
+        starts.append(end - search + quietest * HOP + span // 2)
+    return starts
+
+
 def split_windows(audio: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-    """Cut 16 kHz mono audio into zero-padded 30 s windows; returns [W, WINDOW_SAMPLES] and each
-    window's duration in seconds (the last one may be shorter)."""
+    """Cut 16 kHz mono audio into windows of at most 30 s (``window_starts``), each zero-padded
+    to 30 s; returns [W, WINDOW_SAMPLES] and each window's duration in seconds (a window starts
+    where the one before ends: its offset is the sum of the durations before it)."""
     audio = audio.reshape(-1).float()
-    count = max(1, -(-audio.numel() // WINDOW_SAMPLES))
-    padded = torch.zeros(count * WINDOW_SAMPLES)
-    padded[: audio.numel()] = audio
-    durations = [
-        min(WINDOW_SAMPLES, audio.numel() - i * WINDOW_SAMPLES) / SAMPLE_RATE for i in range(count)
-    ]
-    return padded.view(count, WINDOW_SAMPLES), durations
+    starts = window_starts(audio)
+    bounds = [*starts, audio.numel()]
+    padded = torch.zeros(len(starts), WINDOW_SAMPLES)
+    for index, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        padded[index, : end - start] = audio[start:end]
+    durations = [(end - start) / SAMPLE_RATE for start, end in zip(bounds, bounds[1:], strict=False)]
+    return padded, durations

@@ -193,7 +193,7 @@ class DecoderWorker:
             Window(
                 request_id=request_id,
                 index=index,
-                offset=index * 30.0,
+                offset=sum(payload["durations"][:index]),  # windows follow one another
                 duration=duration,
                 prompt=list(first if index == 0 else later),
                 timestamps=timestamps,

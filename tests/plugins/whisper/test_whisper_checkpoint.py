@@ -98,11 +98,22 @@ def test_log_mel_matches_whisper_feature_extractor(spoken_16k):
         assert durations == [pytest.approx(len(audio) / 16000)]
 
 
-def test_long_audio_splits_into_30_second_windows():
+def test_long_audio_splits_into_windows_of_at_most_30_seconds_cut_where_it_is_quiet():
+    # even loudness everywhere: each window ends in its last 0.3 s
     windows, durations = split_windows(torch.ones(16000 * 65))
     assert windows.shape == (3, 16000 * 30)
-    assert durations == [30.0, 30.0, 5.0]
-    assert float(windows[2, 16000 * 5 :].abs().sum()) == 0.0  # the last window is zero-padded
+    assert durations == [29.85, 29.85, 5.3]
+    assert float(windows[2, int(16000 * 5.3) :].abs().sum()) == 0.0  # the last window is zero-padded
+    # pauses 3-4 s before the 30 s marks: the cuts fall in them, and the windows hold all the audio
+    audio = torch.randn(16000 * 65, generator=torch.Generator().manual_seed(0))
+    audio[16000 * 26 : int(16000 * 26.4)] = 0
+    audio[int(16000 * 52.5) : int(16000 * 52.9)] = 0.01
+    windows, durations = split_windows(audio)
+    offsets = [sum(durations[:i]) for i in range(len(durations))]
+    assert 26.0 <= offsets[1] <= 26.4 and 52.5 <= offsets[2] <= 52.9 and sum(durations) == pytest.approx(65)
+    for window, offset, duration in zip(windows, offsets, durations, strict=True):
+        start = round(offset * 16000)
+        assert torch.equal(window[: round(duration * 16000)], audio[start : start + round(duration * 16000)])
 
 
 def test_tiny_preset_runs_through_the_pipeline(tmp_path):

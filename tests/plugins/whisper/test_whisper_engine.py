@@ -3,6 +3,7 @@ results, long audio decodes in 30 s windows, aborts and bad input free everythin
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -55,6 +56,20 @@ def test_long_audio_is_decoded_in_windows_with_timestamps(omni, spoken_16k):
     assert starts == sorted(starts) and starts[0] < 2.0
     assert max(segment["end"] for segment in result.segments) > 30.0
     assert all(0 <= s["start"] <= s["end"] <= result.duration + 1e-6 for s in result.segments)
+
+
+def test_timestamped_long_audio_loses_nothing_at_the_window_cuts(omni, spoken_16k):
+    """Sentences with short pauses over three windows: cut at fixed 30 s marks, Whisper left the
+    speech after each window's last whole segment untranscribed (that run's word error rate with
+    timestamps 0.18 against 0.06 without, over 124 s); cut in pauses, both read the same."""
+    pause = np.zeros(4000, np.float32)
+    audio = np.concatenate([part for clip in spoken_16k * 2 for part in (clip, pause)])
+    assert len(audio) > 16000 * 61
+    stamped = omni.transcribe(audio, 16000, timestamps=True)
+    plain = omni.transcribe(audio, 16000)
+    words = lambda text: re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()  # noqa: E731
+    assert words(stamped.text) == words(plain.text)
+    assert max(s["end"] for s in stamped.segments) > 60
 
 
 def test_streamed_deltas_add_up_to_the_final_text(omni, spoken_16k):
