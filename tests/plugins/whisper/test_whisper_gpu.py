@@ -59,7 +59,13 @@ def test_timestamped_rows_on_cuda_batch_like_alone(tmp_path):
         alone = [omni.transcribe(clip, 16000, timestamps=True).segments for clip in clips]
         with ThreadPoolExecutor(len(clips)) as pool:
             together = list(pool.map(lambda clip: omni.transcribe(clip, 16000, timestamps=True).segments, clips))
-    assert together == alone
+    def timed_text(segments):
+        return [(s["start"], s["end"], s["text"]) for s in segments]
+
+    assert [timed_text(s) for s in together] == [timed_text(s) for s in alone]
+    for batched, single in zip(together, alone, strict=True):  # log-probabilities: to the batch's rounding
+        for key in ("avg_logprob", "no_speech_prob"):
+            assert [s[key] for s in batched] == pytest.approx([s[key] for s in single], abs=1e-3)
     for clip, segments in zip(clips, alone, strict=True):
         assert segments and all(0.0 <= s["start"] <= s["end"] <= len(clip) / 16000 for s in segments)
 
