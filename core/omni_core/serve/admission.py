@@ -68,6 +68,14 @@ class Admission:
         async with cond:
             cond.notify(1)
 
+    async def wake_one(self) -> None:
+        """Wakes a queued request if a slot is free (after a waiter left the queue: the wake-up
+        it was given, if any, must not be lost)."""
+        if self.running < self.max_running:
+            cond = self._condition()
+            async with cond:
+                cond.notify(1)
+
     async def start_draining(self) -> None:
         self.draining = True
         cond = self._condition()

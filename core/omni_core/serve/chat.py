@@ -49,7 +49,7 @@ async def create_chat_completion(body: ChatRequest, request: Request):
     voice = audio_options.voice if audio_options else None
     voice = voice.id if hasattr(voice, "id") else voice
     messages = [m.model_dump() for m in body.messages]
-    slot = await state.admit(ENDPOINT)
+    slot = await state.admit(ENDPOINT, request)
     streaming = False
     try:
         omni = state.ready_omni()

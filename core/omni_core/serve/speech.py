@@ -58,7 +58,7 @@ async def create_speech(body: SpeechRequest, request: Request):
         raise APIError(400, "reference_text needs reference_audio", param="reference_text")
     # an empty reference is refused (as empty audio), not taken for none
     reference = decode_base64(body.reference_audio, "reference_audio") if body.reference_audio is not None else None
-    slot = await state.admit(ENDPOINT)
+    slot = await state.admit(ENDPOINT, request)
     streaming = False  # from here on the stream's generator releases the slot
     try:
         omni = state.ready_omni()

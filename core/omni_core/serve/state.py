@@ -15,6 +15,7 @@ from omni_core.serve.admission import Admission, draining_error
 from omni_core.serve.errors import APIError, unknown_model
 from omni_core.serve.inputs import Limits
 from omni_core.serve.metrics import ServerMetrics
+from omni_core.serve.streaming import ClientGone, wait_for_disconnect
 
 
 @dataclass
@@ -108,10 +109,38 @@ class ServerState:
             raise APIError(503, message, type="server_error", code="not_ready", headers={"Retry-After": "5"})
         return self.omni
 
-    async def admit(self, endpoint: str) -> Slot:
+    async def admit(self, endpoint: str, request: Request | None = None) -> Slot:
+        """A running slot for the request (its body already read); one that waits in the queue
+        gives its place up if the client leaves meanwhile (``ClientGone``)."""
         self.ready_omni()
-        await self.admission.acquire()
+        if request is None:
+            await self.admission.acquire()
+            return Slot(self, endpoint)
+        acquiring = asyncio.ensure_future(self.admission.acquire())
+        watcher = asyncio.ensure_future(wait_for_disconnect(request))
+        try:
+            done, _ = await asyncio.wait({acquiring, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            watcher.cancel()
+            await self._give_up(acquiring)
+            raise
+        if acquiring not in done:
+            await self._give_up(acquiring)
+            raise ClientGone()
+        watcher.cancel()
+        acquiring.result()  # 429, 503
         return Slot(self, endpoint)
+
+    async def _give_up(self, acquiring: asyncio.Future) -> None:
+        """Leaves the queue; a slot granted in the meantime goes back, and a wake-up this waiter
+        may have taken is passed on."""
+        acquiring.cancel()
+        try:
+            await acquiring
+        except (asyncio.CancelledError, APIError):
+            await self.admission.wake_one()
+        else:
+            await self.admission.release()
 
     async def drain(self, grace_s: float) -> int:
         """Refuse new work, give admitted requests ``grace_s`` to finish, abort the rest.

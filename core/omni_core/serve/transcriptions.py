@@ -135,7 +135,7 @@ async def _audio_to_text(request: Request, endpoint: str, task: str):
             400, "stream=true returns text deltas: use response_format json or text", param="stream"
         )
     temperature = _float(form, "temperature", 0.0)
-    slot = await state.admit(endpoint)
+    slot = await state.admit(endpoint, request)
     streaming = False
     try:
         omni = state.ready_omni()

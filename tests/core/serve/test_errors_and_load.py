@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import socket
 import time
 from urllib.parse import urlsplit
@@ -283,3 +284,27 @@ def test_a_json_body_past_the_limit_is_refused_before_it_is_parsed(api_server, c
     assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", r.text
     assert metric(api_server.url, "omni_running_requests") == 0
     assert httpx.post(f"{api_server.url}{SPEECH}", headers=HEADERS, timeout=30, **speech()).status_code == 200
+
+
+def test_a_queued_request_whose_client_leaves_gives_its_place_up(api_server):
+    url = api_server.url
+    # 6 MB of audio each, not read: more than the sockets buffer, so each stream holds its slot
+    body = {"model": "testfamily", "input": "Hold the slot. " * 130, "voice": "alloy", "speed": 0.25,
+            "response_format": "pcm", "stream_format": "audio"}
+    readers = []  # kept: a reader closed by the garbage collector would close its stream
+    with httpx.Client(timeout=30) as client, contextlib.ExitStack() as streams:
+        for _ in range(4):  # the server runs 4 at once
+            r = streams.enter_context(client.stream("POST", f"{url}{SPEECH}", json=body, headers=HEADERS))
+            assert r.status_code == 200
+            readers.append(r.iter_bytes())
+            next(readers[-1])
+        assert metric(url, "omni_running_requests") == 4
+        with pytest.raises(httpx.ReadTimeout):  # queued behind them; its client gives up
+            httpx.post(f"{url}{SPEECH}", headers=HEADERS, timeout=httpx.Timeout(30.0, read=0.5), **speech())
+        deadline = time.monotonic() + 5
+        while metric(url, "omni_queue_depth") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(url, "omni_queue_depth") == 0  # while the 4 still run
+        assert metric(url, "omni_running_requests") == 4
+    _wait_idle(url)
+    assert httpx.post(f"{url}{SPEECH}", headers=HEADERS, timeout=30, **speech()).status_code == 200
