@@ -129,6 +129,7 @@ class Omni:
         say(f"starting {len(topology.stages)} stages on {self.device} ({stage_mode}): {names}")
         self.pipeline.start()
         self._builtin_voices = list(self.spec.voices(self.checkpoint_dir)) if self.spec.voices else []
+        self.tasks = self._tasks()
         if self.spec.split_speech is not None:  # it loads what it needs (a tokenizer) now, not on a request
             self.spec.split_speech(self.checkpoint_dir, {"task": "speech", "text": "Ready."})
         say("ready")
@@ -178,10 +179,18 @@ class Omni:
             f"unknown voice {voice!r}; available: {', '.join(known) or 'none'}", param, code="unknown_voice"
         )
 
+    def _tasks(self) -> tuple[str, ...]:
+        """What this checkpoint does: the family's tasks, or those its ``checkpoint_tasks`` names."""
+        if self.spec.checkpoint_tasks is None:
+            return tuple(self.spec.tasks)
+        done = set(self.spec.checkpoint_tasks(self.checkpoint_dir))
+        return tuple(task for task in self.spec.tasks if task in done)
+
     def _require(self, task: str) -> None:
-        if task not in self.spec.tasks:
+        if task not in self.tasks:
+            doing = f"{self.family!r} with this checkpoint" if task in self.spec.tasks else repr(self.family)
             raise InvalidInput(
-                f"family {self.family!r} does not do {task}; it does {', '.join(self.spec.tasks)}",
+                f"family {doing} does not do {task}; it does {', '.join(self.tasks)}",
                 "model",
                 "unsupported_task",
             )

@@ -33,6 +33,9 @@ class FamilySpec:
     ``presets`` maps a preset name (``"tiny"`` at least) to a callable that materialises that
     preset into a directory in the family's official checkpoint layout and returns the path.
     ``voices(checkpoint_dir)`` lists built-in voices of a checkpoint.
+    ``checkpoint_tasks(checkpoint_dir)`` gives the tasks of ``tasks`` a checkpoint does, where not
+    all of them (an English-only Whisper checkpoint does not translate); the server lists and
+    accepts those only.
     ``split_speech(checkpoint_dir, payload)`` may cut a speech request's entry payload into the
     payloads of its segments (a long text, sentence by sentence): they run as requests one after
     another and their audio is joined in order (``omni_core.pipeline.SegmentedHandle``); a list
@@ -49,6 +52,7 @@ class FamilySpec:
     input_sample_rate: int | None = None  # of audio the family consumes (transcription, chat)
     voices: Callable[[str], list[Voice]] | None = None
     split_speech: Callable[[str, dict[str, Any]], list[dict[str, Any]]] | None = None
+    checkpoint_tasks: Callable[[str], tuple[str, ...]] | None = None
     description: str = ""
 
     def __post_init__(self) -> None:

