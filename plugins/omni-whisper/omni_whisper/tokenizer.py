@@ -6,12 +6,21 @@ vocabulary but are absent from most ``tokenizer.json`` files, so they are handle
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from omni_core.serve.exceptions import InvalidInput
 from tokenizers import Tokenizer
 
 SECONDS_PER_TIMESTAMP = 0.02
+
+
+@functools.cache
+def _language_codes() -> dict[str, str]:
+    """Language names (and transformers' aliases: "castilian" -> "es") to Whisper's codes."""
+    from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+    return dict(TO_LANGUAGE_CODE)
 
 
 class WhisperTokenizer:
@@ -68,7 +77,8 @@ class WhisperTokenizer:
             return "en"
         if not language:
             return None
-        code = language.lower()
+        code = language.strip().lower()
+        code = _language_codes().get(code, code)  # a name ("German", as OpenAI's names go) or a code
         if code not in self.languages:
             raise InvalidInput(f"unknown language {language!r}; known: {', '.join(sorted(self.languages))}")
         return code

@@ -99,5 +99,8 @@ def test_server_detects_the_language_and_translates(client, preset_dir, clips):
     assert (transcription.task, transcription.language) == ("transcribe", LANGUAGES[detected])
     german = client.audio.transcriptions.create(model="whisper", file=upload, language="de", response_format="verbose_json")
     assert german.language == "german"  # verbose_json names the language, as OpenAI does
+    for spelled in ("German", " DE "):  # names and codes, any case, are taken for the code
+        named = client.audio.transcriptions.create(model="whisper", file=upload, language=spelled, response_format="verbose_json")
+        assert (named.language, named.text) == ("german", german.text)
     with pytest.raises(openai.BadRequestError, match="unknown language 'xx'"):
         client.audio.transcriptions.create(model="whisper", file=upload, language="xx")
