@@ -203,7 +203,6 @@ class StreamEncoder:
             tail += self._take_new()
         return tail
 
-
     def discard(self) -> None:
         """Closes the encoder of a stream cut short (while its buffer is alive: left to the
         garbage collector, libsndfile's close would write into a freed buffer and log errors)."""

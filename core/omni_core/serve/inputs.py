@@ -75,6 +75,11 @@ def check_optional_text(text: str | None, limits: Limits, param: str) -> str | N
     return text
 
 
+def _chat_text_limits(limits: Limits) -> Limits:
+    """Chat text, a message's and all of a request's, may run to 8 times a speech input."""
+    return Limits(max_input_chars=limits.max_input_chars * 8)
+
+
 def _tensor(samples: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
 
@@ -153,7 +158,7 @@ def _chat_part(part: Any, where: str, target_rate: int | None, limits: Limits) -
         text = part.get("text")
         if not isinstance(text, str):
             raise InvalidInput(f"{where}.text must be a string", f"{where}.text")
-        check_optional_text(text, Limits(max_input_chars=limits.max_input_chars * 8), f"{where}.text")
+        check_optional_text(text, _chat_text_limits(limits), f"{where}.text")
         return {"type": "text", "text": text}
     if kind == "input_audio":
         spec = part.get("input_audio") or {}
@@ -210,7 +215,7 @@ def chat_inputs(
         if content is None:
             parts = []
         elif isinstance(content, str):
-            check_optional_text(content, Limits(max_input_chars=limits.max_input_chars * 8), f"messages[{i}].content")
+            check_optional_text(content, _chat_text_limits(limits), f"messages[{i}].content")
             parts = [{"type": "text", "text": content}]
         elif isinstance(content, list):
             parts = [
@@ -223,10 +228,9 @@ def chat_inputs(
             )
         chars += sum(len(p["text"]) for p in parts if p["type"] == "text")
         converted.append({"role": role, "content": parts})
-    if chars > limits.max_input_chars * 8:
-        raise InputTooLarge(
-            f"messages hold {chars} characters of text; the limit is {limits.max_input_chars * 8}", "messages"
-        )
+    most = _chat_text_limits(limits).max_input_chars
+    if chars > most:
+        raise InputTooLarge(f"messages hold {chars} characters of text; the limit is {most}", "messages")
     if any(m not in ("text", "audio") for m in modalities) or "text" not in modalities:
         raise InvalidInput('modalities must be ["text"] or ["text", "audio"]', "modalities")
     inputs: dict[str, Any] = {

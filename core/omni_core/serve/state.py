@@ -15,7 +15,7 @@ from omni_core.serve.admission import Admission, draining_error
 from omni_core.serve.errors import APIError, unknown_model
 from omni_core.serve.inputs import Limits
 from omni_core.serve.metrics import ServerMetrics
-from omni_core.serve.streaming import ClientGone, wait_for_disconnect
+from omni_core.serve.streaming import ClientGone, unless_client_leaves
 
 
 @dataclass
@@ -117,17 +117,14 @@ class ServerState:
             await self.admission.acquire()
             return Slot(self, endpoint)
         acquiring = asyncio.ensure_future(self.admission.acquire())
-        watcher = asyncio.ensure_future(wait_for_disconnect(request))
         try:
-            done, _ = await asyncio.wait({acquiring, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            admitted = await unless_client_leaves(request, acquiring)
         except asyncio.CancelledError:
-            watcher.cancel()
             await self._give_up(acquiring)
             raise
-        if acquiring not in done:
+        if not admitted:
             await self._give_up(acquiring)
             raise ClientGone()
-        watcher.cancel()
         acquiring.result()  # 429, 503
         return Slot(self, endpoint)
 

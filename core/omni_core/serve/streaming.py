@@ -36,35 +36,46 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
+async def unless_client_leaves(request: Request, future: asyncio.Future) -> bool:
+    """Waits for ``future`` or for the client to disconnect, whichever comes first: True when the
+    future is done. Cancelling the wait leaves ``future`` to the caller."""
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({future, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    return future in done
+
+
+async def _until_client_leaves(request: Request, handle, work: asyncio.Future):
+    """``work``'s result, reading ``handle``'s events; the request is aborted (every stage) if
+    the client disconnects first (``ClientGone``) or the wait is cancelled."""
+    try:
+        finished = await unless_client_leaves(request, work)
+    except asyncio.CancelledError:
+        work.cancel()
+        handle.abort()
+        raise
+    if not finished:
+        work.cancel()
+        handle.abort()
+        raise ClientGone()
+    return work.result()
+
+
 async def collect(request: Request, handle) -> list[OutputEvent]:
     """Every event of the request; aborts it (every stage) if the client disconnects first."""
 
     async def consume() -> list[OutputEvent]:
         return [event async for event in handle]
 
-    consumer = asyncio.ensure_future(consume())
-    watcher = asyncio.ensure_future(wait_for_disconnect(request))
     try:
-        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        consumer.cancel()
-        watcher.cancel()
-        handle.abort()
-        raise
-    if consumer in done:
-        watcher.cancel()
-        try:
-            events = consumer.result()
-        except RequestFailed as exc:
-            raise stage_failure(exc) from None
-        if handle.aborted:  # cut short by a drain: a partial reply must not look complete
-            raise APIError(
-                503, "request aborted: the server is shutting down", type="server_error", code="aborted"
-            )
-        return events
-    consumer.cancel()
-    handle.abort()
-    raise ClientGone()
+        events = await _until_client_leaves(request, handle, asyncio.ensure_future(consume()))
+    except RequestFailed as exc:
+        raise stage_failure(exc) from None
+    if handle.aborted:  # cut short by a drain: a partial reply must not look complete
+        raise APIError(503, "request aborted: the server is shutting down", type="server_error", code="aborted")
+    return events
 
 
 async def events_with_first(request: Request, handle) -> tuple[OutputEvent | None, AsyncIterator[OutputEvent]]:
@@ -72,22 +83,8 @@ async def events_with_first(request: Request, handle) -> tuple[OutputEvent | Non
     (before any streamed byte); returns it and an iterator over the rest. Aborts the request
     if the client disconnects first (``ClientGone``), as ``collect`` does."""
     iterator = handle.__aiter__()
-    first_event = asyncio.ensure_future(iterator.__anext__())
-    watcher = asyncio.ensure_future(wait_for_disconnect(request))
     try:
-        done, _ = await asyncio.wait({first_event, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        first_event.cancel()
-        watcher.cancel()
-        handle.abort()
-        raise
-    if first_event not in done:
-        first_event.cancel()
-        handle.abort()
-        raise ClientGone()
-    watcher.cancel()
-    try:
-        first = first_event.result()
+        first = await _until_client_leaves(request, handle, asyncio.ensure_future(iterator.__anext__()))
     except StopAsyncIteration:
         first = None
     except RequestFailed as exc:
