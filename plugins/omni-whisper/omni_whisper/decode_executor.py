@@ -240,7 +240,7 @@ class WhisperDecodeExecutor(Executor):
                 seg.update(quality)  # as Whisper's segments: of the window the segment is from
             if request.word_timestamps and window_segs:
                 try:
-                    words = self.worker.words(request, request.done[index])
+                    words = self.worker.words(request, window)
                 except Exception as exc:  # fails this request only, not every row the loop holds
                     self._fail(request.request_id, f"word timestamps: {type(exc).__name__}: {exc}")
                     return

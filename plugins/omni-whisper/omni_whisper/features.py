@@ -1,8 +1,9 @@
 """Whisper's log-mel features in torch (no torchaudio): 16 kHz, 25 ms Hann window, 10 ms hop.
 
 Audio is cut into windows of at most 30 s, each ending at a quiet moment; each window is
-zero-padded to 30 s, as Whisper was trained, and becomes ``[n_mels, 3000]``. The mel filters come from transformers' ``mel_filter_bank``
-(Slaney scale and norm, 0-8 kHz), the same bank as ``WhisperFeatureExtractor``.
+zero-padded to 30 s, as Whisper was trained, and becomes ``[n_mels, 3000]``. The mel filters
+come from transformers' ``mel_filter_bank`` (Slaney scale and norm, 0-8 kHz), the same bank as
+``WhisperFeatureExtractor``.
 """
 
 from __future__ import annotations
@@ -73,10 +74,10 @@ def window_starts(audio: torch.Tensor) -> list[int]:
     return starts
 
 
-def split_windows(audio: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+def split_windows(audio: torch.Tensor) -> tuple[torch.Tensor, list[float], list[float]]:
     """Cut 16 kHz mono audio into windows of at most 30 s (``window_starts``), each zero-padded
-    to 30 s; returns [W, WINDOW_SAMPLES] and each window's duration in seconds (a window starts
-    where the one before ends: its offset is the sum of the durations before it)."""
+    to 30 s; returns [W, WINDOW_SAMPLES], each window's duration and its offset in the audio
+    (seconds; a window starts where the one before ends)."""
     audio = audio.reshape(-1).float()
     starts = window_starts(audio)
     bounds = [*starts, audio.numel()]
@@ -84,4 +85,4 @@ def split_windows(audio: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
     for index, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
         padded[index, : end - start] = audio[start:end]
     durations = [(end - start) / SAMPLE_RATE for start, end in zip(bounds, bounds[1:], strict=False)]
-    return padded, durations
+    return padded, durations, [start / SAMPLE_RATE for start in starts]

@@ -84,13 +84,14 @@ class Frontend:
         prompt_text = payload.get("prompt")
         if prompt_text is not None and not isinstance(prompt_text, str):
             raise InvalidInput("prompt must be a string")
-        windows, durations = split_windows(audio)
+        windows, durations, offsets = split_windows(audio)
         mel = log_mel(windows, self.checkpoint.config.num_mel_bins)
         emit(
             "mel",
             {
                 "mel": mel,
                 "durations": durations,
+                "offsets": offsets,
                 "prompt": prompt_text or None,
                 "task": task,
                 "language": language,
@@ -193,14 +194,14 @@ class DecoderWorker:
             Window(
                 request_id=request_id,
                 index=index,
-                offset=sum(payload["durations"][:index]),  # windows follow one another
+                offset=offset,
                 duration=duration,
                 prompt=list(first if index == 0 else later),
                 timestamps=timestamps,
                 temperature=float(payload["temperature"]),
                 max_new_tokens=MAX_NEW_TOKENS,
             )
-            for index, duration in enumerate(payload["durations"])
+            for index, (duration, offset) in enumerate(zip(payload["durations"], payload["offsets"], strict=True))
         ]
         return RequestState(
             request_id=request_id,

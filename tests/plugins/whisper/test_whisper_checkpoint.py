@@ -91,25 +91,24 @@ def test_log_mel_matches_whisper_feature_extractor(spoken_16k):
     rng = np.random.default_rng(0)
     for audio in (spoken_16k[0], (0.1 * rng.standard_normal(16000 * 5)).astype(np.float32)):
         expected = extractor(audio, sampling_rate=16000, return_tensors="np").input_features
-        windows, durations = split_windows(torch.from_numpy(audio))
+        windows, durations, offsets = split_windows(torch.from_numpy(audio))
         ours = log_mel(windows).numpy()
         assert ours.shape == (1, 80, FRAMES_PER_WINDOW)
         np.testing.assert_allclose(ours, expected, atol=1e-4)
-        assert durations == [pytest.approx(len(audio) / 16000)]
+        assert durations == [pytest.approx(len(audio) / 16000)] and offsets == [0.0]
 
 
 def test_long_audio_splits_into_windows_of_at_most_30_seconds_cut_where_it_is_quiet():
     # even loudness everywhere: each window ends in its last 0.3 s
-    windows, durations = split_windows(torch.ones(16000 * 65))
+    windows, durations, offsets = split_windows(torch.ones(16000 * 65))
     assert windows.shape == (3, 16000 * 30)
-    assert durations == [29.85, 29.85, 5.3]
+    assert durations == [29.85, 29.85, 5.3] and offsets == [0.0, 29.85, 59.7]
     assert float(windows[2, int(16000 * 5.3) :].abs().sum()) == 0.0  # the last window is zero-padded
     # pauses 3-4 s before the 30 s marks: the cuts fall in them, and the windows hold all the audio
     audio = torch.randn(16000 * 65, generator=torch.Generator().manual_seed(0))
     audio[16000 * 26 : int(16000 * 26.4)] = 0
     audio[int(16000 * 52.5) : int(16000 * 52.9)] = 0.01
-    windows, durations = split_windows(audio)
-    offsets = [sum(durations[:i]) for i in range(len(durations))]
+    windows, durations, offsets = split_windows(audio)
     assert 26.0 <= offsets[1] <= 26.4 and 52.5 <= offsets[2] <= 52.9 and sum(durations) == pytest.approx(65)
     for window, offset, duration in zip(windows, offsets, durations, strict=True):
         start = round(offset * 16000)

@@ -36,7 +36,7 @@ def _payload(worker: DecoderWorker, audio: np.ndarray, task: str, language: str 
     mel = log_mel(split_windows(torch.from_numpy(audio))[0])
     with torch.inference_mode():
         encoded = worker.model.encoder(mel)
-    return {"encoded": encoded, "durations": [len(audio) / 16000], "prompt": None, "task": task, "language": language,
+    return {"encoded": encoded, "durations": [len(audio) / 16000], "offsets": [0.0], "prompt": None, "task": task, "language": language,
             "temperature": 0.0, "timestamps": False, "duration": len(audio) / 16000, "mel": mel}
 
 
