@@ -13,6 +13,7 @@ batch can be retried one message at a time without emitting anything twice.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -23,11 +24,20 @@ from typing import Any
 from omni_core.scheduler.executor import Executor, Message, StageContext
 
 DEFAULT_MAX_QUEUE = 1024
+log = logging.getLogger("omni.stage")
 
 
 class RequestGone(Exception):
     """Raised inside a worker's ``emit`` when its request was aborted or failed meanwhile, so a
     long call (a loop emitting chunks) stops at its next emit; the executor swallows it."""
+
+
+def fail_request(context: StageContext, request_id: str, exc: BaseException, what: str = "") -> None:
+    """Fails a request for a worker's exception: the client gets ``describe_error``, the server's
+    log the traceback (not for ``InvalidInput``: the request's content, not the stage, is at fault)."""
+    if type(exc).__name__ != "InvalidInput":
+        log.warning("stage %r failed request %s", context.stage, request_id, exc_info=exc)
+    context.fail(request_id, f"{what}{describe_error(exc)}")
 
 
 def describe_error(exc: BaseException) -> str:
@@ -135,7 +145,7 @@ class _QueuedExecutor(Executor):
             try:
                 release(request_id)
             except Exception as exc:  # a broken release must not stop the stage
-                self.context.fail(request_id, f"release failed: {describe_error(exc)}")
+                fail_request(self.context, request_id, exc, "release failed: ")
 
     def stats(self) -> dict[str, float]:
         with self._cond:
@@ -206,7 +216,7 @@ class FnExecutor(_QueuedExecutor):
         except RequestGone:
             pass
         except Exception as exc:
-            self.context.fail(request_id, describe_error(exc))
+            fail_request(self.context, request_id, exc)
         finally:
             self.busy = 0
 
@@ -290,7 +300,7 @@ class BatchExecutor(_QueuedExecutor):
             pending = self._call(batch)
         except Exception as exc:
             if len(batch) == 1:
-                self.context.fail(batch[0].request_id, describe_error(exc))
+                fail_request(self.context, batch[0].request_id, exc)
                 return
             for message in batch:  # find the request that broke the batch; the others go on
                 self._process_batch([message])

@@ -12,11 +12,12 @@ replay captured graphs, ``decode_graphs``).
 
 from __future__ import annotations
 
+import logging
 import threading
-import traceback
 from collections import deque
 from typing import Any
 
+from omni_core.scheduler.batching import describe_error
 from omni_core.scheduler.executor import Executor, Message, StageContext
 
 from omni_whisper.cpu_threads import BUSY_DECODERS
@@ -33,6 +34,7 @@ from omni_whisper.decoding import (
 FALLBACK_STEP = 0.2
 MAX_TEMPERATURE = 1.0
 COMPRESSION_RATIO_LIMIT = 2.4
+log = logging.getLogger("omni.stage")
 
 
 class WhisperDecodeExecutor(Executor):
@@ -115,9 +117,9 @@ class WhisperDecodeExecutor(Executor):
                     self.steps += 1
                     self._after_step(finished)
             except Exception as exc:  # fail what is running; the engine keeps serving
-                error = f"{type(exc).__name__}: {exc} (at {traceback.extract_tb(exc.__traceback__)[-1].lineno})"
+                log.warning("stage %r: a decode step failed %d requests", self.context.stage, len(self._requests), exc_info=exc)
                 for request_id in list(self._requests):
-                    self._fail(request_id, error)
+                    self._fail(request_id, describe_error(exc))
             BUSY_DECODERS.mark(self, bool(len(self.batch) or self._waiting))
 
     def _accept(self, message: Message) -> None:
@@ -242,6 +244,7 @@ class WhisperDecodeExecutor(Executor):
                 try:
                     words = self.worker.words(request, window)
                 except Exception as exc:  # fails this request only, not every row the loop holds
+                    log.warning("word timestamps of %s failed", request.request_id, exc_info=exc)
                     self._fail(request.request_id, f"word timestamps: {type(exc).__name__}: {exc}")
                     return
                 for word in words:

@@ -72,7 +72,7 @@ def test_fish_and_asr_shapes_and_batching_of_concurrent_requests():
         assert max(pipeline.executors["encoder"].worker.batch_sizes) > 1  # grouped within the window
 
 
-def test_stage_exception_fails_only_that_request_and_names_the_stage():
+def test_stage_exception_fails_only_that_request_and_names_the_stage(caplog):
     with Pipeline(toy.cosyvoice_like(fail_stage="flow"), plugin_manager=toy.core_plugins()) as pipeline:
         good = [pipeline.submit({"text": f"fine {i}"}) for i in range(3)]
         bad = pipeline.submit({"text": "boom"})
@@ -84,6 +84,10 @@ def test_stage_exception_fails_only_that_request_and_names_the_stage():
             and "ValueError" in str(failure.value)
             and "boom" in str(failure.value)
         )
+        assert "toy_topologies.py:" in str(failure.value) and "/" not in str(failure.value).split(" (at ")[-1]
+        # the server's log keeps the traceback; the client sees the file's name and line only
+        logged = [r for r in caplog.records if r.name == "omni.stage" and r.exc_info]
+        assert logged and "flow" in logged[0].getMessage() and logged[0].exc_info[0] is ValueError
         for i, handle in enumerate(good):
             assert torch.allclose(
                 audio_of(handle.collect(timeout=10)["audio"]), toy.reference_cosyvoice(f"fine {i}")
