@@ -2,6 +2,7 @@
 
 from omni_core.hooks.hookspecs import ENTRY_POINT_GROUP, PROJECT, hookimpl, hookspec
 from omni_core.hooks.manager import PluginManager, PluginRecord, UnknownNameError, get_plugin_manager
+from omni_core.hooks.options import number_option
 from omni_core.hooks.specs import TASKS, EngineSpec, FamilySpec, TransportSpec, Voice
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "get_plugin_manager",
     "hookimpl",
     "hookspec",
+    "number_option",
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import socket
 import sys
 
 import click
@@ -73,6 +75,48 @@ def _stage_map(items: tuple[str, ...], option: str) -> dict[str, str]:
     return mapping
 
 
+class _FiniteRange(click.FloatRange):
+    """A float range that also refuses nan and inf (click's lets nan through every bound)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def _check_address(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (None: it can), found before the model loads
+    (uvicorn would report it only after, with its own log lines)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"--host {host}: {exc.strerror or exc}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def _check_topology(spec, checkpoint: str, options: dict, stage_maps: dict[str, dict[str, str]]) -> str | None:
+    """Why the family's topology cannot be built with these options, or names no such stage as
+    ``--placement``/``--stage-device`` do (None: fine); ``build`` is cheap by contract, so this
+    runs before anything loads."""
+    try:
+        names = [stage.name for stage in spec.build(checkpoint, options).stages]
+    except (ValueError, TypeError, KeyError) as exc:
+        return f"cannot build the {spec.name} stages: {exc}"
+    for flag, mapping in stage_maps.items():
+        unknown = sorted(set(mapping) - set(names))
+        if unknown:
+            return f"{flag}: no stage named {', '.join(map(repr, unknown))}; the {spec.name} stages are {', '.join(names)}"
+    return None
+
+
 @click.command("serve")
 @click.option("--family", required=True, help="Model family to serve (see `omni plugins list`).")
 @click.option(
@@ -86,7 +130,7 @@ def _stage_map(items: tuple[str, ...], option: str) -> dict[str, str]:
     help="Named preset instead of a checkpoint, e.g. 'tiny' (random weights: noise).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option(
     "--device", default="auto", show_default=True, help="auto, cpu, cuda, xpu, mlx, or a plugin's platform."
 )
@@ -142,13 +186,13 @@ def _stage_map(items: tuple[str, ...], option: str) -> dict[str, str]:
     help="The `model` clients send and /v1/models lists (default: the family name).",
 )
 @click.option("--max-input-chars", default=4096, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-upload-mb", default=25.0, show_default=True, type=click.FloatRange(min=0.001))
-@click.option("--max-audio-seconds", default=600.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--max-upload-mb", default=25.0, show_default=True, type=_FiniteRange(min=0.001))
+@click.option("--max-audio-seconds", default=600.0, show_default=True, type=_FiniteRange(min=0.1))
 @click.option(
     "--drain-seconds",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=_FiniteRange(min=0),
     help="Grace period for in-flight requests on SIGTERM.",
 )
 @click.option(
@@ -196,6 +240,13 @@ def serve(
     except ValueError as exc:
         click.echo(f"omni serve: {exc}", err=True)
         sys.exit(2)
+    if api_key is not None and not api_key.strip():
+        click.echo("omni serve: --api-key (or OMNI_API_KEY) is empty: give a key, or leave it unset to serve without one", err=True)
+        sys.exit(2)
+    problem = _check_address(host, port)
+    if problem:
+        click.echo(f"omni serve: {problem}", err=True)
+        sys.exit(2)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console = _console()
     manager = get_plugin_manager()
@@ -214,6 +265,10 @@ def serve(
         click.echo(f"omni serve: {exc}", err=True)
         sys.exit(2)
     console.log(f"{family}: checkpoint {checkpoint}")
+    problem = _check_topology(spec, checkpoint, family_options, {"--placement": placement_map, "--stage-device": stage_devices})
+    if problem:
+        click.echo(f"omni serve: {problem}", err=True)
+        sys.exit(2)
     try:  # a missing or unusable platform is a usage error, found before anything loads
         resolve_platform(device, manager)
     except (UnknownNameError, PlatformUnavailableError) as exc:

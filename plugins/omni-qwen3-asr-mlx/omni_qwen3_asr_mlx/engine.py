@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from omni_core.hooks import number_option
 from omni_core.scheduler.executor import Executor, Message, StageContext
 
 from .batcher import ASRBatcher
@@ -38,7 +39,7 @@ def load_runtime(checkpoint_dir: str, options: dict[str, Any], context: StageCon
     config = load_config(checkpoint_dir)
     tokenizer = load_tokenizer(checkpoint_dir)
     network = load_network(checkpoint_dir, options.get("dtype"))
-    return ASRRuntime(network, tokenizer, end_token_ids(tokenizer, config.eos_token_ids), int(options.get("max_batch", 32)))
+    return ASRRuntime(network, tokenizer, end_token_ids(tokenizer, config.eos_token_ids), number_option(options, "max_batch", 32))
 
 
 def job_from_payload(request_id: str, payload: dict[str, Any], tokenizer) -> TranscriptionJob:
@@ -156,7 +157,7 @@ class MLXASRExecutor(Executor):
             options = {**self.stage.options, **self.context.options}
             self.runtime = self.stage.factory(self.context)
             self.batcher = ASRBatcher(
-                self.runtime.network, self.runtime.eos_ids, self._emit, int(options.get("max_batch", self.runtime.max_batch))
+                self.runtime.network, self.runtime.eos_ids, self._emit, number_option(options, "max_batch", self.runtime.max_batch)
             )
         except BaseException as error:  # reported by start()
             self._load_error = error

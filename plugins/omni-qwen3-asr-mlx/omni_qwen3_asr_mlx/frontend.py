@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import numpy as np
+from omni_core.hooks import number_option
 from omni_core.serve.exceptions import InvalidInput
 
 from .config import audio_token_count, load_config
@@ -36,6 +37,17 @@ def split_audio(audio: np.ndarray, sample_rate: int, chunk_seconds: float, searc
     return spans
 
 
+
+def frontend_settings(options: dict) -> tuple[float, float, float, int]:
+    """(chunk_seconds, max_audio_seconds, max_tokens_per_second, min_new_tokens) from the build
+    options; a bad value raises ValueError naming it (a chunk of 0 s would never advance)."""
+    return (
+        number_option(options, "chunk_seconds", 30.0, float),
+        number_option(options, "max_audio_seconds", 3 * 3600, float),
+        number_option(options, "max_tokens_per_second", 12.0, float),
+        number_option(options, "min_new_tokens", 32, allow_zero=True),
+    )
+
 class Frontend:
     def __init__(self, checkpoint_dir: str, options: dict[str, Any]):
         self.config = load_config(checkpoint_dir)
@@ -45,10 +57,7 @@ class Frontend:
         self.special_tokens = sorted(
             {t.content for t in self.tokenizer.added_tokens_decoder.values()}, key=len, reverse=True
         )
-        self.chunk_seconds = float(options.get("chunk_seconds", 30.0))
-        self.max_audio_seconds = float(options.get("max_audio_seconds", 3 * 3600))
-        self.tokens_per_second = float(options.get("max_tokens_per_second", 12.0))
-        self.min_new_tokens = int(options.get("min_new_tokens", 32))
+        self.chunk_seconds, self.max_audio_seconds, self.tokens_per_second, self.min_new_tokens = frontend_settings(options)
 
     def prepare(self, payload: dict[str, Any]) -> dict[str, Any]:
         audio = payload.get("audio")

@@ -6,16 +6,18 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from omni_core.hooks import number_option
 from omni_core.pipeline import Edge, StageSpec, Topology
 
 from .engine import load_runtime
-from .frontend import make_frontend
+from .frontend import frontend_settings, make_frontend
 
 ENGINE = "mlx-asr"
 
 
 def build_topology(checkpoint_dir: str, options: dict[str, Any]) -> Topology:
     options = dict(options or {})
+    frontend_settings(options)  # the frontend stage reads them: a bad one fails here, before it starts
     return Topology(
         stages=[
             StageSpec(
@@ -27,7 +29,7 @@ def build_topology(checkpoint_dir: str, options: dict[str, Any]) -> Topology:
                 partial(load_runtime, checkpoint_dir, options),
                 inputs=("features",),
                 outputs=("text",),
-                options={"max_batch": int(options.get("max_batch", 32)), "mlx_device": options.get("mlx_device")},
+                options={"max_batch": number_option(options, "max_batch", 32), "mlx_device": options.get("mlx_device")},
             ),
         ],
         edges=[Edge("frontend.features", "asr.features")],

@@ -17,6 +17,7 @@ import threading
 from collections import deque
 from typing import Any
 
+from omni_core.hooks import number_option
 from omni_core.scheduler.batching import describe_error
 from omni_core.scheduler.executor import Executor, Message, StageContext
 
@@ -41,7 +42,7 @@ class WhisperDecodeExecutor(Executor):
     def __init__(self, stage: Any, context: StageContext):
         super().__init__(stage, context)
         self.options = {**getattr(stage, "options", {}), **context.options}
-        self.capacity = int(self.options.get("max_batch", 32))
+        self.capacity = number_option(self.options, "max_batch", 32)
         self.fallback = bool(self.options.get("temperature_fallback", False))
         self._inbox: deque[Message] = deque()
         self._aborts: set[str] = set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+from omni_core.hooks import number_option
 from omni_core.pipeline import Edge, StageSpec, Topology
 
 from omni_whisper import stages
@@ -22,11 +23,11 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     threads = str(options.get("threads", "split"))
     check_mode(threads)  # a bad value fails here, before any stage starts
     encoder_options = {
-        "max_batch": int(options.get("encoder_batch", 8)),
-        "batch_window_ms": float(options.get("batch_window_ms", 5)),
+        "max_batch": number_option(options, "encoder_batch", 8),
+        "batch_window_ms": number_option(options, "batch_window_ms", 5, float, allow_zero=True),
     }
     decoder_options = {
-        "max_batch": int(options.get("max_batch", 32)),
+        "max_batch": number_option(options, "max_batch", 32),
         "temperature_fallback": bool(options.get("temperature_fallback", False)),
         "cuda_graphs": bool(options.get("cuda_graphs", True)),
     }

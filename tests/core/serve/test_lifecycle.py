@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 import time
 
 import httpx
+import pytest
 
 from tests.core.serve.server import API_KEY, ServerProcess, tone_wav
 from tests.helpers.packaging import env_with_path, run_omni
@@ -39,6 +41,33 @@ def test_offline_without_checkpoint_exits_2_naming_the_way_out(testfamily_site, 
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--model" in lines[0] and "--preset tiny" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "70000"], "70000 is not in the range 1<=x<=65535"),
+        (["--max-upload-mb", "nan"], "'nan' is not a finite number"),
+        (["--drain-seconds", "inf"], "'inf' is not a finite number"),
+        (["--host", "no such host!"], "--host no such host!:"),
+        (["--api-key", " "], "--api-key (or OMNI_API_KEY) is empty"),
+        (["--port", "{busy}"], "Address already in use"),
+        (["--stage-device", "vocoder=cpu"], "--stage-device: no stage named 'vocoder'; the testfamily stages are"),
+    ],
+    ids=["port out of range", "nan limit", "inf grace", "unresolvable host", "empty api key", "port in use", "unknown stage"],
+)
+def test_bad_serving_arguments_exit_2_in_one_line_before_loading(testfamily_site, args, message):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        args = [arg.format(busy=busy.getsockname()[1]) for arg in args]
+        result = run_omni(
+            ["serve", "--family", "testfamily", "--preset", "tiny", *args], env_with_path(testfamily_site, OMNI_PLUGINS="testfamily")
+        )
+    lines = [line for line in result.stderr.splitlines() if line.strip() and "Usage:" not in line and "Try '" not in line]
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert message in lines[-1] and "Traceback" not in result.stderr  # the error is one line (after progress lines)
+    assert "loading" not in result.stderr  # refused before the model loads
 
 
 def _expect_loading(server: ServerProcess) -> None:

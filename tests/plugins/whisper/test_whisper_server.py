@@ -13,6 +13,7 @@ import openai
 import pytest
 import soundfile as sf
 
+from tests.helpers.packaging import env_with_path, run_omni
 from tests.helpers.server import OmniServer
 
 
@@ -101,3 +102,12 @@ def test_bad_upload_is_a_clear_error_and_the_server_goes_on(client, spoken):
     assert (
         "coffee" in client.audio.transcriptions.create(model="whisper", file=("speech.wav", spoken[2])).text
     )
+
+
+@pytest.mark.parametrize("option", ["max_batch=0", "encoder_batch=-1", "batch_window_ms=nan"])
+def test_a_batch_option_that_would_stall_the_stages_exits_2_before_loading(option):
+    # a decoder batch of 0 rows admitted nothing: every request hung
+    result = run_omni(["serve", "--family", "whisper", "--option", option], env_with_path())
+    assert result.returncode == 2, result.stderr
+    assert f"cannot build the whisper stages: option {option.split('=')[0]}=" in result.stderr
+    assert "Traceback" not in result.stderr and "loading" not in result.stderr

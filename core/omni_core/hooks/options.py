@@ -1,0 +1,23 @@
+"""Reading a family's build options (``omni serve --option KEY=VALUE``): numbers that size a
+batch or a chunk must be positive, or the stage would wait forever (a batch of 0 rows admits
+nothing) or loop (a chunk of 0 s never advances). A bad value fails the build with a message
+naming the option."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def number_option(options: dict[str, Any], name: str, default: float, kind: type = int, allow_zero: bool = False):
+    """``options[name]`` (else ``default``) as a finite ``kind`` above 0 (or at least 0)."""
+    raw = options.get(name, default)
+    try:
+        value = kind(raw)
+    except (TypeError, ValueError, OverflowError):
+        value = None
+    fits = value is not None and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if isinstance(raw, bool) or not fits or (kind is int and isinstance(raw, float) and not raw.is_integer()):
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"option {name}={raw!r}: expected {what} {'of at least 0' if allow_zero else 'above 0'}")
+    return value
