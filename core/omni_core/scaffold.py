@@ -188,8 +188,8 @@ def test_platform_is_discovered_and_available():
 
 def write_plugin(name: str, kind: str, directory: Path) -> Path:
     """Create ``directory/omni-<name>`` and return its path."""
-    if not _NAME.match(name):
-        raise ScaffoldError(f"plugin name {name!r} must be lowercase letters, digits and dashes, e.g. acme-tts")
+    if not _NAME.match(name) or len(name) > 64:
+        raise ScaffoldError(f"plugin name {name!r} must be 1-64 lowercase letters, digits and dashes, e.g. acme-tts")
     if kind not in ("family", "platform"):
         raise ScaffoldError(f"unknown kind {kind!r}: family or platform")
     module = "omni_" + name.replace("-", "_")

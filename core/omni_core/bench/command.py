@@ -81,6 +81,11 @@ def serve(json_out: str | None, **options) -> None:
     # With the JSON on stdout, the table and progress go to stderr so the JSON stays parseable.
     console = Console(stderr=json_out == "-")
     config = BenchConfig(base_url=base_url, concurrencies=options.pop("concurrency"), **options)
+    if json_out and json_out != "-":  # found now, not after the whole run
+        folder = os.path.dirname(os.path.abspath(json_out))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            click.echo(f"omni bench: --json {json_out}: cannot write into {folder}", err=True)
+            sys.exit(2)
     try:
         result = run_benchmark(config, RichReporter(console))
     except (BenchError, DatasetError) as exc:

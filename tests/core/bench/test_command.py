@@ -40,3 +40,10 @@ def test_bad_dataset_names_the_line(tmp_path):
     result = _omni("--base-url", f"http://127.0.0.1:{_closed_port()}", "--model", "m", "--dataset", str(dataset))
     assert result.returncode == 2
     assert "data.jsonl:2: the speech endpoint needs 'text'" in result.stdout
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(tmp_path):
+    # (it failed with a traceback after the whole benchmark had run, and its results were lost)
+    result = _omni("--base-url", f"http://127.0.0.1:{_closed_port()}", "--model", "m", "--json", str(tmp_path / "no" / "x.json"))
+    assert result.returncode == 2 and "cannot write into" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr and "could not" not in result.stdout  # no request was tried

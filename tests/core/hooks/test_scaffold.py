@@ -37,6 +37,8 @@ def test_new_plugin_refuses_bad_names_and_existing_folders(tmp_path):
     bad = run_omni(["plugins", "new", "Acme TTS", "--dir", str(tmp_path)], env_with_path())
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "lowercase" in bad.stderr
+    long = run_omni(["plugins", "new", "a" * 300, "--dir", str(tmp_path)], env_with_path())  # was: File name too long
+    assert long.returncode == 2 and "1-64" in long.stderr and "Traceback" not in long.stderr
     assert run_omni(["plugins", "new", "acme", "--dir", str(tmp_path)], env_with_path()).returncode == 0
     again = run_omni(["plugins", "new", "acme", "--dir", str(tmp_path)], env_with_path())
     assert again.returncode == 2 and "already exists" in again.stderr
