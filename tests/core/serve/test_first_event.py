@@ -1,6 +1,7 @@
-"""A stream waits for its request's first event before it answers (so that an early failure is
-still a JSON error); a client that leaves during that wait must abort the request, as it does
-later in the stream. Driven on the real runtime with the CosyVoice-shaped toy topology."""
+"""Streams: a stream waits for its request's first event before it answers (so that an early
+failure is still a JSON error); a client that leaves during that wait must abort the request, as
+it does later in the stream (driven on the real runtime with the CosyVoice-shaped toy topology);
+a stream cut by a failure says what kind it was, as a reply before the stream would."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import asyncio
 import time
 
 import pytest
-from omni_core.pipeline import Pipeline
-from omni_core.serve.streaming import ClientGone, events_with_first
+from omni_core.pipeline import Pipeline, RequestFailed
+from omni_core.serve.streaming import ClientGone, error_event, events_with_first
 from starlette.requests import Request
 
 from tests.core.pipeline import toy_topologies as toy
@@ -48,3 +49,13 @@ def test_a_client_that_stays_gets_the_first_event_and_the_rest():
         events = asyncio.run(read_all(pipeline.submit({"text": "hello"})))
         assert events[-1].end and not events[0].end
         assert audio_of(events).allclose(toy.reference_cosyvoice("hello"))
+
+
+def test_a_stream_cut_by_a_content_error_says_so_as_a_reply_before_the_stream_would():
+    # a later segment of a long text refused by the llm stage (prompt past max_model_len)
+    refused = RequestFailed("llm", "InvalidInput: prompt (3057 tokens) + max_tokens (1560) exceeds the engine's max_model_len 4096")
+    error = error_event(refused)["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_input")  # was server_error / stage_failed
+    assert "max_model_len" in error["message"]
+    crashed = error_event(RequestFailed("flow", "ValueError: boom (at flow.py:3)"))["error"]
+    assert (crashed["type"], crashed["code"]) == ("server_error", "stage_failed")
