@@ -168,7 +168,6 @@ def _chat_part(part: Any, where: str, target_rate: int | None, limits: Limits) -
         samples, rate = load_audio(
             decode_base64(data, f"{where}.input_audio.data"), None, f"{where}.input_audio", limits.max_audio_seconds
         )
-        check_duration(samples, rate, limits, f"{where}.input_audio")
         return {"type": "audio", "audio": _tensor(resample(samples, rate, target_rate))}
     if kind == "audio":  # offline API: samples (or a path / bytes) given directly
         samples, rate = load_audio(part.get("audio"), part.get("sample_rate"), f"{where}.audio", limits.max_audio_seconds)

@@ -109,13 +109,10 @@ class ServerState:
             raise APIError(503, message, type="server_error", code="not_ready", headers={"Retry-After": "5"})
         return self.omni
 
-    async def admit(self, endpoint: str, request: Request | None = None) -> Slot:
+    async def admit(self, endpoint: str, request: Request) -> Slot:
         """A running slot for the request (its body already read); one that waits in the queue
         gives its place up if the client leaves meanwhile (``ClientGone``)."""
         self.ready_omni()
-        if request is None:
-            await self.admission.acquire()
-            return Slot(self, endpoint)
         acquiring = asyncio.ensure_future(self.admission.acquire())
         try:
             admitted = await unless_client_leaves(request, acquiring)

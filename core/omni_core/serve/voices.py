@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from omni_core.serve.errors import APIError
-from omni_core.serve.inputs import check_duration, check_optional_text, load_audio
+from omni_core.serve.inputs import check_optional_text, load_audio
 from omni_core.serve.transcriptions import read_upload
 from omni_core.serve.voices_store import VoiceStoreError
 
@@ -50,7 +50,6 @@ async def create_voice(request: Request):
         )
     check_optional_text(text, state.config.limits, "text")
     samples, rate = await asyncio.to_thread(load_audio, data, None, "file", state.config.limits.max_audio_seconds)
-    check_duration(samples, rate, state.config.limits, "file")
     reserved = {v.id for v in omni.builtin_voices()} | {v.name for v in omni.builtin_voices()}
     try:
         voice = await asyncio.to_thread(store.save, name.strip(), samples, rate, text.strip(), reserved)

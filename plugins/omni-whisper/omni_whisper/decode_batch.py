@@ -111,9 +111,9 @@ class DecodeBatch:
             # tokens and log-probabilities in one copy to the host (token ids < 2^24: exact as float32)
             host = torch.stack([chosen.float(), picked, *([no_speech] if no_speech is not None else [])]).tolist()
             chosen, picked = host[0], host[1]
-            if no_speech is not None:
-                for row in first:
-                    self.windows[row].no_speech_prob = host[2][row]
+            for row in first:  # (no_speech is not None when a row is at its first step)
+                self.windows[row].no_speech_prob = host[2][row]
+                self.windows[row].no_speech_at_admission = None  # read: the device value is not kept
         finished = []
         eot = self.rules.tok.eot
         for row, (window, token, logprob) in enumerate(zip(self.windows, map(int, chosen), picked, strict=True)):

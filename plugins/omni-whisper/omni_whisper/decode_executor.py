@@ -25,7 +25,6 @@ from omni_whisper.cpu_threads import BUSY_DECODERS
 from omni_whisper.decode_batch import DecodeBatch
 from omni_whisper.decoding import (
     LOGPROB_THRESHOLD,
-    NO_SPEECH_THRESHOLD,
     RequestState,
     Window,
     compression_ratio,
@@ -215,7 +214,7 @@ class WhisperDecodeExecutor(Executor):
             if window is None:
                 return
             finished = index in request.done
-            if not finished and (window.no_speech_prob or 0.0) > NO_SPEECH_THRESHOLD:
+            if not finished and window.may_be_silent():
                 return  # its text may be dropped as no speech (Window.silent): sent once finished
             text = tok.decode(window.tokens)
             if not finished and text.endswith("\ufffd"):

@@ -46,10 +46,14 @@ class Window:
     def avg_logprob(self) -> float:
         return self.logprob_sum / max(1, len(self.tokens))
 
+    def may_be_silent(self) -> bool:
+        """The no-speech token was likely (> 0.6): whether the window is ``silent`` waits on its text."""
+        return (self.no_speech_prob or 0.0) > NO_SPEECH_THRESHOLD
+
     def silent(self) -> bool:
-        """Whisper's test for a window without speech: the no-speech token was likely
-        (> 0.6) and the text is not (mean log-probability <= -1); its text is dropped."""
-        return (self.no_speech_prob or 0.0) > NO_SPEECH_THRESHOLD and self.avg_logprob <= LOGPROB_THRESHOLD
+        """Whisper's test for a window without speech: the no-speech token was likely and the
+        text is not (mean log-probability <= -1); its text is dropped."""
+        return self.may_be_silent() and self.avg_logprob <= LOGPROB_THRESHOLD
 
 
 @dataclass

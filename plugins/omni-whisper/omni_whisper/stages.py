@@ -58,7 +58,8 @@ def _options(context) -> dict[str, Any]:
 
 
 class Frontend:
-    """Checks the request and turns its audio into 30 s log-mel windows. It needs the checkpoint's
+    """Checks the request and turns its audio into log-mel windows (of at most 30 s, cut in
+    pauses: ``features.window_starts``). It needs the checkpoint's
     configuration and tokenizer, not its weights (wherever it runs, it holds no copy of them)."""
 
     def __init__(self, checkpoint_dir: str):

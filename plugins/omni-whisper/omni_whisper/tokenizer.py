@@ -6,21 +6,12 @@ vocabulary but are absent from most ``tokenizer.json`` files, so they are handle
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 from omni_core.serve.exceptions import InvalidInput
 from tokenizers import Tokenizer
 
 SECONDS_PER_TIMESTAMP = 0.02
-
-
-@functools.cache
-def _language_codes() -> dict[str, str]:
-    """Language names (and transformers' aliases: "castilian" -> "es") to Whisper's codes."""
-    from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
-
-    return dict(TO_LANGUAGE_CODE)
 
 
 class WhisperTokenizer:
@@ -44,7 +35,7 @@ class WhisperTokenizer:
         self.multilingual = vocab_size >= 51865
         self.languages = {
             token.strip("<|>"): token_id
-            for token, token_id in self.bpe.get_vocab(with_added_tokens=True).items()
+            for token, token_id in vocab.items()
             if token.startswith("<|") and token.endswith("|>") and self.sot < token_id < self.transcribe - 1
             and 1 < len(token) - 4 <= 3
         }
@@ -70,15 +61,18 @@ class WhisperTokenizer:
 
     def check_language(self, language: str | None) -> str | None:
         """The language code to decode with; None (a multilingual model, no language given): the
-        decoder detects it. An English-only model accepts only English."""
+        decoder detects it. An English-only model accepts only English. A language is a code or
+        its name ("German", any case; transformers' table of names and aliases)."""
+        from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+        code = language.strip().lower() if language else None
+        code = TO_LANGUAGE_CODE.get(code, code)
         if not self.multilingual:
-            if (language or "en").lower() not in ("en", "english"):
+            if code not in (None, "en"):
                 raise InvalidInput(f"this checkpoint is English-only; language {language!r} is not supported")
             return "en"
-        if not language:
+        if code is None:
             return None
-        code = language.strip().lower()
-        code = _language_codes().get(code, code)  # a name ("German", as OpenAI's names go) or a code
         if code not in self.languages:
             raise InvalidInput(f"unknown language {language!r}; known: {', '.join(sorted(self.languages))}")
         return code

@@ -95,6 +95,9 @@ def test_bad_upload_is_a_clear_error_and_the_server_goes_on(client, spoken):
     sf.write(silence, np.zeros(16000, dtype=np.float32), 16000, format="WAV")
     with pytest.raises(openai.BadRequestError, match="English-only"):
         client.audio.transcriptions.create(model="whisper", file=("s.wav", silence.getvalue()), language="de")
+    named = client.audio.transcriptions.create(model="whisper", file=("s.wav", silence.getvalue()), language=" English ",
+                                               response_format="verbose_json")
+    assert named.language == "english"  # a name, any case and spacing, as the code
     with pytest.raises(openai.BadRequestError, match="with this checkpoint does not do translation") as refused:
         client.audio.translations.create(model="whisper", file=("s.wav", silence.getvalue()))
     assert refused.value.code == "unsupported_task"
