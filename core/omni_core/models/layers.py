@@ -55,19 +55,49 @@ class PackedLinear(nn.Linear):
 
 
 class RotaryEmbedding(nn.Module):
-    """NeoX-style rotary embedding (halves rotated) with a precomputed cos/sin table."""
+    """NeoX-style rotary embedding (halves rotated) with a precomputed cos/sin table.
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float):
+    With ``mrope_section`` (multimodal rotary, M-RoPE: Qwen2-VL, Qwen3-Omni) a position has
+    several axes (time, height, width): each frequency of the head takes its angle from one
+    axis, chosen by contiguous sections of the frequencies or, ``interleaved``, in turn (t, h, w,
+    t, h, w, ...) over the first ``3 * section`` frequencies. Positions are then ``[axes, T]``;
+    one-axis positions ``[T]`` (text) rotate every frequency by the same position, which is what
+    equal axes give."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, mrope_section: list[int] | None = None, interleaved: bool = False):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
+        axes = rotary_axes(head_dim // 2, list(mrope_section), interleaved) if mrope_section else None
+        # [head_dim]: the position axis each column rotates by (None: one axis)
+        self.register_buffer("axes", None if axes is None else torch.cat([axes, axes]), persistent=False)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin at ``positions`` ([T, 1, D]); looked up once per step, shared by all layers."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        """cos and sin at ``positions`` ([T, 1, D]); looked up once per step, shared by all layers.
+        ``positions`` [axes, T] (multimodal rotary) take each column from its axis's row."""
+        if positions.dim() == 1:
+            return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        if self.axes is None:
+            raise ValueError(f"positions of shape {tuple(positions.shape)} need a multimodal rotary (mrope_section)")
+        columns = torch.arange(self.cos.shape[1], device=positions.device)
+        rows = positions[self.axes]  # [D, T]: the position each column of each token rotates by
+        cos, sin = self.cos[rows, columns[:, None]].T, self.sin[rows, columns[:, None]].T
+        return cos.unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype)
+
+
+def rotary_axes(half_dim: int, section: list[int], interleaved: bool) -> torch.Tensor:
+    """Which position axis each of ``half_dim`` rotary frequencies uses (0 time, 1 height, 2 width)."""
+    if sum(section) != half_dim:
+        raise ValueError(f"mrope_section {section} must add up to half the head size ({half_dim})")
+    if not interleaved:
+        return torch.repeat_interleave(torch.arange(len(section)), torch.tensor(section))
+    axes = torch.zeros(half_dim, dtype=torch.int64)
+    for axis in range(1, len(section)):
+        axes[axis : section[axis] * len(section) : len(section)] = axis
+    return axes
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,11 +155,24 @@ class GatedMLP(nn.Module):
         return kernels.skinny_linear(act, self.down_proj.weight), residual
 
 
+def rope_parameters(config) -> dict:
+    """A transformers config's rotary settings, new (``rope_parameters``) or old (``rope_scaling``) style."""
+    return dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+
+
 def rope_theta(config) -> float:
     """The rotary base from a transformers config, old (``rope_theta``) or new (``rope_parameters``) style."""
-    params = getattr(config, "rope_parameters", None) or {}
+    params = rope_parameters(config)
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
+    if rope_type not in ("default", "mrope", None):
         raise NotImplementedError(f"rope type {rope_type!r} is not supported by the shared backbones")
     theta = params.get("rope_theta", getattr(config, "rope_theta", None))
     return float(theta if theta is not None else 10000.0)
+
+
+def mrope_settings(config) -> tuple[list[int] | None, bool]:
+    """(``mrope_section``, interleaved) of a multimodal rotary, or (None, False) for a plain one."""
+    params = rope_parameters(config)
+    section = params.get("mrope_section")
+    interleaved = bool(params.get("interleaved", params.get("mrope_interleaved", False)))
+    return (list(section) if section else None), interleaved

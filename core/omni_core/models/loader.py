@@ -27,25 +27,34 @@ class WeightLoadError(ValueError):
     """A checkpoint that does not fit the model: the message names the keys."""
 
 
-def safetensors_files(checkpoint_dir: str | Path) -> list[Path]:
+def safetensors_files(checkpoint_dir: str | Path, prefix: str = "") -> list[Path]:
+    """The checkpoint's safetensors files; with a sharded index and ``prefix``, only the shards
+    that hold a tensor whose name starts with it."""
     root = Path(checkpoint_dir)
     index = root / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
-        return [root / name for name in sorted(set(weight_map.values()))]
+        names = {file for key, file in weight_map.items() if key.startswith(prefix)}
+        if prefix and not names:
+            raise WeightLoadError(f"{index} names no tensor under {prefix!r}")
+        return [root / name for name in sorted(names)]
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise WeightLoadError(f"no *.safetensors files in {root}")
     return files
 
 
-def iter_safetensors(checkpoint_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(checkpoint_dir: str | Path, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor in the checkpoint, or of those whose name starts with
+    ``prefix`` (read from the shards that hold them only: a stage of a large checkpoint loads
+    its own part)."""
     from safetensors import safe_open
 
-    for path in safetensors_files(checkpoint_dir):
+    for path in safetensors_files(checkpoint_dir, prefix):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                if name.startswith(prefix):
+                    yield name, f.get_tensor(name)
 
 
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], strip_prefix: str = "", strict: bool = True) -> set[str]:

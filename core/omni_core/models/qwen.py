@@ -18,7 +18,7 @@ from torch import nn
 
 from omni_core.models import kernels
 from omni_core.models.attention import ForwardContext
-from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, rope_theta
+from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, mrope_settings, rope_theta
 from omni_core.models.logits_head import LogitsHead
 from omni_core.models.moe import SparseMoeBlock
 
@@ -128,12 +128,17 @@ class QwenModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         head_dim = layers[0].self_attn.head_dim
-        self.rotary = RotaryEmbedding(head_dim, config.max_position_embeddings, rope_theta(config))
+        section, interleaved = mrope_settings(config)
+        self.rotary = RotaryEmbedding(head_dim, config.max_position_embeddings, rope_theta(config), section, interleaved)
 
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext, layer_inputs: dict | None = None) -> torch.Tensor:
+        """``positions`` [T], or [axes, T] for a multimodal rotary. ``layer_inputs`` {i: (rows,
+        values)} adds ``values`` to the output of layer ``i`` at packed ``rows`` (Qwen3-VL's and
+        Qwen3-Omni's deepstack visual features), after that output is captured, as Hugging Face
+        records it."""
         x = embeds
         ctx.capture(0, x)
-        if ctx.fused_decode_rows and self.layers[0].self_attn.fuses_decode:
+        if ctx.fused_decode_rows and self.layers[0].self_attn.fuses_decode and positions.dim() == 1:
             # every layer's fused q/k/v kernel looks its rows up in the tables: no gather kernels
             rope = (self.rotary.cos, self.rotary.sin, positions)
         else:
@@ -144,6 +149,12 @@ class QwenModel(nn.Module):
             x, residual = layer(x, residual, rope, ctx)
             if i + 1 < last and i + 1 in ctx.capture_layers:
                 ctx.capture(i + 1, x + residual)
+            if layer_inputs and i in layer_inputs:
+                # the layer's output is x + residual: summed here in Hugging Face's order, the
+                # features added to it, and carried on as the residual (0 + r is exact)
+                rows, values = layer_inputs[i]
+                residual = (x + residual).index_add_(0, rows, values.to(x.dtype))
+                x = torch.zeros_like(x)
         x, _ = self.norm(x, residual, fused=ctx.fused_ops)
         ctx.capture(last, x)  # the last entry is after the final norm, as in Hugging Face's hidden_states
         return x

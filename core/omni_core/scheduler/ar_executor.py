@@ -17,7 +17,8 @@ class ARExecutor(Executor):
     """Messages become engine requests (``worker.make_request``); every step's new tokens go to
     ``worker.on_output`` with an ``emit`` bound to the request. ``abort`` frees KV blocks before
     the next step. A request that fails (bad input, a raising handler) fails alone. A request that
-    ends without its last output (aborted or failed) gets ``worker.release``."""
+    ends without its last output (aborted or failed) gets ``worker.release``; one whose
+    ``on_output`` returns True (it sent its last message itself) is dropped from the engine."""
 
     def start(self) -> None:
         worker = self.stage.factory(self.context)
@@ -30,6 +31,7 @@ class ARExecutor(Executor):
             options = getattr(self.stage, "options", None) or self.context.options
             hooks = pm.stage_hooks(options.get("family", ""), self.context.stage, options)
         self.engine = AREngine(worker.model, worker.engine_config, hooks=hooks, device=self.context.device)
+        worker.max_model_len = self.engine.max_model_len
         self._seq: dict[str, dict[str, int]] = {}  # request id -> port -> next chunk number
         self._aborting: set[str] = set()  # aborted, but the loop may still deliver one step
         self.loop = EngineLoop(self.engine, self._deliver, self._fail, name=f"ar-{self.context.stage}", on_abort=self._aborted)
@@ -70,13 +72,16 @@ class ARExecutor(Executor):
             if out.request_id in self._aborting:
                 continue
             try:
-                self.worker.on_output(out.request_id, out.new_token_ids, out.finished, out.step_outputs, self._emitter(out.request_id))
+                done = self.worker.on_output(out.request_id, out.new_token_ids, out.finished, out.step_outputs, self._emitter(out.request_id))
             except Exception as exc:
                 log.exception("on_output failed for %s", out.request_id)
                 self.engine.abort(out.request_id)  # runs in the loop thread: safe
                 self._fail(out.request_id, f"{type(exc).__name__}: {exc}")
                 continue
             if out.finished:
+                self._forget(out.request_id)
+            elif done:  # the worker ended the request itself (a stop string): free its blocks now
+                self.engine.abort(out.request_id)
                 self._forget(out.request_id)
 
     def _fail(self, request_id: str, error: str) -> None:

@@ -45,7 +45,14 @@ class ARStageWorker:
     Defaults: the input payload carries ``prompt_token_ids`` (list of ints) or ``prompt_embeds``
     (tensor [L, H]), an optional ``sampling`` dict and ``hidden_layers``; each new token is
     emitted on port ``tokens`` as ``{"token_ids": [...]}``, the last message with ``end=True``.
+
+    ``on_output`` may end a request before the engine does (a stop string found in the text):
+    it emits its last messages and returns True; the engine then drops the request and frees
+    its KV blocks. ``max_model_len`` (prompt + output tokens the engine takes) is set once the
+    engine is built, before the first request.
     """
+
+    max_model_len: int | None = None
 
     def __init__(
         self,
@@ -77,7 +84,7 @@ class ARStageWorker:
             hidden_layers=tuple(payload.get("hidden_layers", ())),
         )
 
-    def on_output(self, request_id: str, new_token_ids: list[int], finished: bool, step_outputs: dict[str, Any], emit: Emit) -> None:
+    def on_output(self, request_id: str, new_token_ids: list[int], finished: bool, step_outputs: dict[str, Any], emit: Emit) -> bool | None:
         if new_token_ids or finished:
             emit("tokens", {"token_ids": list(new_token_ids)}, end=finished)
 

@@ -59,7 +59,15 @@ class EngineRequest:
     ``prefix_key``: for a request with extras, what they change in its KV (any hashable; ``""``
     when the model does not read them, e.g. sampling state for a hook): only requests with equal
     keys share prefix-cached blocks. A request with extras and no key is not prefix-cached (its
-    blocks could differ from another's with the same ids); one with prompt embeddings never is."""
+    blocks could differ from another's with the same ids); one with prompt embeddings never is.
+
+    ``rope_positions``: the rotary positions of the prompt's tokens where they are not 0..L-1,
+    ``[L]`` or ``[axes, L]`` integers (multimodal rotary: Qwen3-Omni's time/height/width
+    positions of image and audio tokens). Generated tokens continue one past the largest:
+    token ``i`` of the sequence (``i >= L``) is at ``i + max + 1 - L`` on every axis. The model
+    then gets such positions instead of 0..n (``[axes, T]`` in a prefill step holding a prompt
+    with several axes). Like extras, they change the KV: without a ``prefix_key`` such a request
+    is not prefix-cached."""
 
     request_id: str
     prompt_token_ids: list[int] | None = None
@@ -68,6 +76,7 @@ class EngineRequest:
     extras: dict[str, Any] = field(default_factory=dict)
     hidden_layers: tuple[int, ...] = ()
     prefix_key: Any = None
+    rope_positions: torch.Tensor | None = None
 
 
 @dataclass
@@ -99,6 +108,7 @@ class AREngine:
         per_block = ModelRunner.kv_bytes_per_block(model, config.block_size, self.dtype)
         num_blocks = config.num_kv_blocks or max(1, self._kv_budget() // per_block)
         model_limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 1 << 30
+        self.max_position = model_limit  # rotary positions must stay below it
         self.max_model_len = min(config.max_model_len or model_limit, model_limit, num_blocks * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
@@ -147,12 +157,14 @@ class AREngine:
         if num_layers is not None and any(not 0 <= layer <= num_layers for layer in request.hidden_layers):
             raise ValueError(f"hidden_layers must be in [0, {num_layers}] (0: input embeddings)")
         seq = Sequence(request.request_id, request.prompt_token_ids, request.params, request.prompt_embeds, request.extras, request.hidden_layers,
-                       self.eos_token_ids, request.prefix_key)
+                       self.eos_token_ids, request.prefix_key, request.rope_positions)
         vocab = self._vocab_size()
         if request.prompt_token_ids is not None and vocab and any(not 0 <= t < vocab for t in seq.token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab}) (the vocab size)")
         if len(seq) + request.params.max_tokens > self.max_model_len:
             raise ValueError(f"prompt ({len(seq)} tokens) + max_tokens ({request.params.max_tokens}) exceeds the engine's max_model_len {self.max_model_len}")
+        if len(seq) + request.params.max_tokens + seq.rope_delta > self.max_position:
+            raise ValueError(f"rotary positions of prompt + max_tokens would pass the model's {self.max_position} positions")
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
 

@@ -118,8 +118,10 @@ class ModelRunner:
             # one token per sequence (decode): every per-token list is per sequence, slots come
             # straight from the block tables, and all of it goes over in one tensor
             ids, positions, slots, context_lens = self._decode_rows(seqs, ahead_ids is not None)
-            rows = torch.tensor([ids, positions, slots, context_lens, query_lens], dtype=torch.int64).to(dev, non_blocking=True)
-            ids_t, pos_t, slots, ctx_t, qlen_t = rows.unbind(0)
+            rope = [p + s.rope_delta for s, p in zip(seqs, positions, strict=True)]
+            rows = torch.tensor([ids, positions, slots, context_lens, query_lens, rope], dtype=torch.int64).to(dev, non_blocking=True)
+            ids_t, pos_t, slots, ctx_t, qlen_t, rope_t = rows.unbind(0)
+            model_pos = rope_t if any(s.rope_delta for s in seqs) else None
             if ahead_ids is not None:
                 ids_t.copy_(ahead_ids)
         else:
@@ -135,6 +137,9 @@ class ModelRunner:
             ids_t = torch.tensor(ids, dtype=torch.int64)
             ctx_t = torch.tensor(context_lens, dtype=torch.int64)
             qlen_t = torch.tensor(query_lens, dtype=torch.int64)
+            model_pos = self._rotary_positions(seqs, query_lens, context_lens)
+            if model_pos is not None:
+                model_pos = model_pos.to(dev, non_blocking=True)
             ids_t, pos_t, slots, ctx_t, qlen_t = (t.to(dev, non_blocking=True) for t in (ids_t, pos_t, slots, ctx_t, qlen_t))
         meta = AttentionMetadata(
             slot_mapping=slots,
@@ -155,7 +160,20 @@ class ModelRunner:
         embeds = self.model.embed(ids_t)
         if is_prefill:
             self._insert_prompt_embeds(seqs, embeds)
-        return ids_t, pos_t, embeds, meta, query_lens
+        return ids_t, pos_t, embeds, meta, query_lens, model_pos
+
+    @staticmethod
+    def _rotary_positions(seqs: list[Sequence], query_lens: list[int], context_lens: list[int]) -> torch.Tensor | None:
+        """The model's positions of a step's tokens where a sequence's differ from their cache
+        positions (``Sequence.rope_positions``): ``[axes, T]`` when a prompt has several axes
+        (the others repeat theirs on every axis), else ``[T]``; None where none differ."""
+        if all(s.rope_positions is None and not s.rope_delta for s in seqs):
+            return None
+        parts = [s.rotary_positions(c - n, c) for s, n, c in zip(seqs, query_lens, context_lens, strict=True)]
+        axes = max(p.shape[0] if p.dim() == 2 else 1 for p in parts)
+        if axes == 1:
+            return torch.cat(parts)
+        return torch.cat([p if p.dim() == 2 else p.expand(axes, -1) for p in parts], dim=1)
 
     def _decode_rows(self, seqs: list[Sequence], ahead: bool = False) -> tuple[list[int], list[int], list[int], list[int]]:
         """(token ids, positions, cache slots, context lengths) of a decode step's one token per
@@ -202,8 +220,9 @@ class ModelRunner:
             graph_key = self._graph_key(len(seqs), max(len(s.block_table) for s in seqs))
         if graph_key is not None:
             ids, positions, embeds, meta, query_lens = self._prepare_graph_decode(seqs, graph_key, ahead_ids)
+            model_positions = None
         else:
-            ids, positions, embeds, meta, query_lens = self._prepare(seqs, is_prefill, ahead_ids)
+            ids, positions, embeds, meta, query_lens, model_positions = self._prepare(seqs, is_prefill, ahead_ids)
         if is_prefill:
             sample_index = [b for b, s in enumerate(seqs) if s.num_computed_tokens + s.num_scheduled_tokens == len(s)]
         else:
@@ -220,7 +239,7 @@ class ModelRunner:
         else:
             ctx = ForwardContext(meta, self.backend, self.kv_caches, is_prefill, extras, query_lens, capture)
             self.backend.prepare(meta)
-            hidden = self.model(batch.input_embeds, positions, ctx)
+            hidden = self.model(batch.input_embeds, positions if model_positions is None else model_positions, ctx)
             captured = ctx.captured
             if sample_index:
                 ends = torch.tensor(query_lens, dtype=torch.int64).cumsum(0) - 1
@@ -343,13 +362,14 @@ class ModelRunner:
         n, bs = len(seqs), self.block_size
         pad = size - n
         ids, positions, slots, context_lens = self._decode_rows(seqs, ahead_ids is not None)
+        rope = [p + s.rope_delta for s, p in zip(seqs, positions, strict=True)]  # the graph's positions are the model's
         # two host buffers, taken in turn: a step launched ahead fills one while the copy from
         # the other may still be queued behind the step before it
         turn = st["host_turn"]
         host = st["host_index"][turn]
         st["host_turn"] ^= 1
         # padding rows: token 0, position 0, the scratch slot, context 1
-        host[: 4 * size + 1] = torch.tensor(ids + [0] * pad + positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad + [turn])
+        host[: 4 * size + 1] = torch.tensor(ids + [0] * pad + rope + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad + [turn])
         # block-table entries past a row's length are never read (nor a padding row's past its
         # first): they may keep earlier steps' block ids, so only the used part is written
         used = max(len(s.block_table) for s in seqs)
@@ -378,7 +398,9 @@ class ModelRunner:
         ids_t = st["ids"][:n]
         # in-graph lookup: the view is filled when the graph replays (no hook reads it before)
         embeds = st["embeds"][:n] if self.embed_in_graph else self.model.embed(ids_t)
-        return ids_t, st["positions"][:n], embeds, meta, [1] * n
+        # hooks see cache positions; they differ from the graph's where a sequence has a rope offset
+        index_positions = to_device(torch.tensor(positions), self.device) if rope != positions else st["positions"][:n]
+        return ids_t, index_positions, embeds, meta, [1] * n
 
     @torch.inference_mode()
     def _capture_graphs(self, sizes: list[int], widths: list[int]) -> None:

@@ -7,6 +7,8 @@ import random
 from enum import Enum, auto
 from typing import Any
 
+import torch
+
 from omni_core.scheduler.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
@@ -40,6 +42,7 @@ class Sequence:
         hidden_layers: tuple[int, ...] = (),
         eos_token_ids: tuple[int, ...] = (),
         prefix_key: Any = None,
+        rope_positions: Any = None,
     ):
         if prompt_embeds is not None:
             if prompt_embeds.dim() != 2:
@@ -55,9 +58,15 @@ class Sequence:
         self.params = params
         self.extras: dict[str, Any] = extras if extras is not None else {}
         self.hidden_layers = tuple(hidden_layers)
+        # rotary positions of the prompt ([axes, L] int64) where they are not 0..L-1, and the
+        # offset of generated tokens' positions from their index (EngineRequest.rope_positions)
+        self.rope_positions = None
+        self.rope_delta = 0
+        if rope_positions is not None:
+            self.rope_positions, self.rope_delta = _rope_positions(rope_positions, self.num_prompt_tokens)
         # where the prefix cache's hash chain of this sequence starts (None: not prefix-cached)
         self.prefix_root: int | None = None
-        if prompt_embeds is None and (prefix_key is not None or not self.extras):
+        if prompt_embeds is None and (prefix_key is not None or (not self.extras and rope_positions is None)):
             self.prefix_root = hash(("prefix", prefix_key))
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
@@ -73,6 +82,18 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def rotary_positions(self, start: int, stop: int) -> torch.Tensor:
+        """Rotary positions of tokens ``start:stop``: ``[axes, n]`` with ``rope_positions``, else ``[n]``."""
+        index = torch.arange(start, stop, dtype=torch.int64)
+        if self.rope_positions is None:
+            return index + self.rope_delta
+        axes, prompt = self.rope_positions.shape
+        out = (index + self.rope_delta).expand(axes, -1).clone()
+        inside = min(stop, prompt)
+        if start < inside:
+            out[:, : inside - start] = self.rope_positions[:, start:inside]
+        return out[0] if axes == 1 else out
 
     @property
     def cacheable(self) -> bool:
@@ -107,3 +128,15 @@ class Sequence:
         if n >= self.params.max_tokens:
             return "length"
         return None
+
+
+def _rope_positions(positions: Any, prompt_len: int) -> tuple[torch.Tensor, int]:
+    """(``[axes, L]`` int64 positions, offset of generated tokens) from ``[L]`` or ``[axes, L]``."""
+    positions = torch.as_tensor(positions).to("cpu", torch.int64)
+    if positions.dim() == 1:
+        positions = positions[None]
+    if positions.dim() != 2 or positions.shape[1] != prompt_len:
+        raise ValueError(f"rope_positions must be [{prompt_len}] or [axes, {prompt_len}], got shape {tuple(positions.shape)}")
+    if int(positions.min()) < 0:
+        raise ValueError("rope_positions must not be negative")
+    return positions.contiguous(), int(positions.max()) + 1 - prompt_len

@@ -93,7 +93,7 @@ async def _complete(omni, reply: dict, events, wants_audio: bool, fmt: str) -> d
     return {
         **reply,
         "object": "chat.completion",
-        "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": final.get("finish_reason", "stop"), "logprobs": None}],
         "usage": _usage(final),
     }
 
@@ -145,7 +145,7 @@ async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, 
             encoder.discard()
     if first_audio_at is not None:
         state.metrics.first_audio.labels(ENDPOINT).observe(first_audio_at - slot.started)
-    yield _chunk(reply, {}, finish="stop")
+    yield _chunk(reply, {}, finish=final.get("finish_reason", "stop"))
     if body.stream_options is None or body.stream_options.include_usage:
         yield sse({**reply, "object": "chat.completion.chunk", "choices": [], "usage": _usage(final)})
     yield sse("[DONE]")

@@ -184,6 +184,19 @@ def _chat_part(part: Any, where: str, target_rate: int | None, limits: Limits) -
         if not isinstance(image, (bytes, bytearray)):
             raise InvalidInput(f"{where}.image must be encoded image bytes", f"{where}.image")
         return {"type": "image", "image": bytes(image)}
+    if kind == "video_url":  # vLLM's part for video: a data URL (the server fetches nothing)
+        spec = part.get("video_url")
+        url = spec.get("url") if isinstance(spec, dict) else spec
+        if not isinstance(url, str):
+            raise InvalidInput(f"{where}.video_url.url must be a data URL", f"{where}.video_url")
+        return {"type": "video", "video": decode_base64(url, f"{where}.video_url.url")}
+    if kind == "video":  # offline API: encoded bytes or a path
+        video = part.get("video")
+        if isinstance(video, (str, os.PathLike)) and Path(video).is_file():
+            video = Path(video).read_bytes()
+        if not isinstance(video, (bytes, bytearray)):
+            raise InvalidInput(f"{where}.video must be encoded video bytes or a file path", f"{where}.video")
+        return {"type": "video", "video": bytes(video)}
     raise InvalidInput(f"{where}: unsupported content part type {kind!r}", f"{where}.type")
 
 

@@ -6,7 +6,7 @@ field is checked and a bad one becomes a 400 naming the parameter.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,12 +70,18 @@ class ChatRequest(SamplingFields):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    # up to 4 strings, as OpenAI: the reply ends before the first of them
+    stop: str | list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(None, max_length=4)
 
     def sampling(self) -> dict[str, Any]:
         params = super().sampling()
         limit = self.max_completion_tokens or self.max_tokens
         if limit is not None:
             params["max_tokens"] = limit
+        if self.seed is not None:
+            params["seed"] = self.seed
+        if self.stop:
+            params["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         return params
 
 

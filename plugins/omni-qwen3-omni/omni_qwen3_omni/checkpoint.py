@@ -1,0 +1,81 @@
+"""Loading each stage's part of a Qwen3-Omni checkpoint (official key names, sharded safetensors):
+a stage reads only the shards that hold its prefix."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from pathlib import Path
+
+import torch
+from omni_core.models import iter_safetensors, load_weights
+
+from .audio_encoder import AudioEncoder
+from .config import CheckpointError, OmniCheckpoint
+from .presets import describe
+from .thinker import ThinkerLM
+from .vision_encoder import VisionEncoder
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"qwen3-omni: dtype must be auto or one of {sorted(DTYPES)}, not {name!r}")
+    return DTYPES[name]
+
+
+def check_layout(checkpoint_dir: str) -> None:
+    root = Path(checkpoint_dir)
+    missing = [name for name in ("config.json",) if not (root / name).exists()]
+    if not list(root.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    if missing:
+        raise CheckpointError(f"{root} is not a Qwen3-Omni checkpoint: missing {', '.join(missing)}")
+    preset = describe(root)
+    if preset:
+        log.warning("qwen3-omni: %s holds the %r preset (random weights): its replies are noise", root, preset)
+
+
+@contextlib.contextmanager
+def _constructing(device: str, dtype: torch.dtype):
+    """Modules built straight on ``device`` in ``dtype`` (a real-size thinker in float32 first
+    would need twice its memory); buffers made in float32 on purpose (rotary tables) stay so."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def build_thinker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> ThinkerLM:
+    with _constructing(device, dtype):
+        return ThinkerLM(ckpt.text_config).eval()
+
+
+def load_thinker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> ThinkerLM:
+    model = build_thinker(ckpt, device, dtype)
+    weights = itertools.chain(iter_safetensors(ckpt.path, "thinker.model."), iter_safetensors(ckpt.path, "thinker.lm_head."))
+    load_weights(model, weights, strip_prefix="thinker.")
+    return model.eval()
+
+
+def load_audio_encoder(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> AudioEncoder:
+    with _constructing(device, dtype):
+        model = AudioEncoder(ckpt.audio_config)
+    load_weights(model, iter_safetensors(ckpt.path, "thinker.audio_tower."), strip_prefix="thinker.audio_tower.")
+    return model.eval()
+
+
+def load_vision_encoder(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> VisionEncoder:
+    with _constructing(device, dtype):
+        model = VisionEncoder(ckpt.vision_config)
+    load_weights(model, iter_safetensors(ckpt.path, "thinker.visual."), strip_prefix="thinker.visual.")
+    return model.eval()

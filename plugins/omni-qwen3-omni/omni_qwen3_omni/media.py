@@ -1,0 +1,147 @@
+"""Images and videos as the vision encoder reads them, made as the Qwen2-VL processors make them.
+
+Images: decoded by Pillow, converted to RGB, resized (bicubic) so both sides are multiples of
+``patch_size * merge_size`` and the pixel count lies within [min_pixels, max_pixels] (aspect
+kept as closely as it can be), scaled to [0, 1], normalised by the checkpoint's mean and std,
+and cut into patches of ``temporal_patch_size`` frames (an image repeats its one frame) in
+spatial-merge-block order. Videos: frames decoded by PyAV, sampled at ``fps`` frames a second,
+resized alike (their own pixel bounds), cut into patches of ``temporal_patch_size`` consecutive
+frames (the last frame repeated to fill the last step).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .config import VisionSettings
+
+MAX_IMAGE_PIXELS = 64_000_000  # refused before decoding: larger pictures are resized down anyway
+
+
+class MediaError(ValueError):
+    """Content that is not a usable image or video: the message says why."""
+
+
+@dataclass
+class Patches:
+    pixels: torch.Tensor  # [t * h * w, 3 * temporal_patch * patch * patch] float32
+    grid: tuple[int, int, int]  # (t, h, w) in patches
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Sides that are multiples of ``factor``, about the same aspect, pixels within the bounds."""
+    if max(height, width) / min(height, width) > 200:
+        raise MediaError(f"aspect ratio {max(height, width) / min(height, width):.0f}:1 is too extreme (at most 200:1)")
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def decode_image(data: bytes):
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError:
+        raise MediaError(f"the image is too large (at most {MAX_IMAGE_PIXELS} pixels)") from None
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise MediaError(f"not an image Pillow can read ({type(exc).__name__})") from None
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise MediaError(f"the image is too large: {width}x{height} pixels (at most {MAX_IMAGE_PIXELS})")
+    if width < 1 or height < 1:
+        raise MediaError("the image is empty")
+    try:
+        image.load()
+    except (OSError, ValueError) as exc:
+        raise MediaError(f"the image data is damaged ({type(exc).__name__})") from None
+    return image
+
+
+def image_patches(data: bytes, settings: VisionSettings) -> Patches:
+    image = decode_image(data).convert("RGB")
+    return frames_patches([image], settings, settings.min_pixels, settings.max_pixels)
+
+
+def frames_patches(frames: list, settings: VisionSettings, min_pixels: int, max_pixels: int) -> Patches:
+    """PIL frames of one image or video -> patches; a video's frames share the first frame's size."""
+    from PIL import Image
+
+    factor = settings.patch_size * settings.merge_size
+    width, height = frames[0].size
+    h, w = smart_resize(height, width, factor, min_pixels, max_pixels)
+    arrays = []
+    mean = np.asarray(settings.image_mean, dtype=np.float32)[:, None, None]
+    std = np.asarray(settings.image_std, dtype=np.float32)[:, None, None]
+    for frame in frames:
+        resized = frame.resize((w, h), resample=Image.BICUBIC) if frame.size != (w, h) else frame
+        # scaled in float64 and stored as float32, then normalised in float32: the reference's rounding
+        pixels = (np.asarray(resized).transpose(2, 0, 1).astype(np.float64) * (1 / 255)).astype(np.float32)
+        arrays.append((pixels - mean) / std)
+    return patchify(np.stack(arrays), settings)
+
+
+def patchify(frames: np.ndarray, settings: VisionSettings) -> Patches:
+    """[F, 3, H, W] normalised frames -> patches in (step, merge block row, column, row in block,
+    column in block) order, each flattened as (channel, frame in step, pixel row, pixel column)."""
+    tp, p, m = settings.temporal_patch_size, settings.patch_size, settings.merge_size
+    if len(frames) % tp:  # the last step is filled with copies of the last frame
+        frames = np.concatenate([frames, np.repeat(frames[-1:], tp - len(frames) % tp, axis=0)])
+    f, c, height, width = frames.shape
+    t, gh, gw = f // tp, height // p, width // p
+    x = frames.reshape(t, tp, c, gh // m, m, p, gw // m, m, p)
+    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)  # t, bh, bw, mh, mw, c, tp, ph, pw
+    pixels = np.ascontiguousarray(x.reshape(t * gh * gw, c * tp * p * p))
+    return Patches(torch.from_numpy(pixels), (t, gh, gw))
+
+
+def decode_video(data: bytes, fps: float, max_frames: int) -> tuple[list, float]:
+    """Frames sampled at ``fps`` (at most ``max_frames``, evenly spread) and the seconds between them."""
+    try:
+        import av
+    except ImportError:
+        raise MediaError("video input needs PyAV (pip install av)") from None
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            stream = next((s for s in container.streams if s.type == "video"), None)
+            if stream is None:
+                raise MediaError("the file holds no video stream")
+            frames = []
+            for frame in container.decode(stream):
+                if frame.time is None:
+                    continue
+                frames.append((float(frame.time), frame.to_image()))
+                if len(frames) > 20_000:
+                    raise MediaError("the video has too many frames (more than 20000)")
+    except MediaError:
+        raise
+    except Exception as exc:  # PyAV raises its own error types for anything it cannot decode
+        raise MediaError(f"not a video PyAV can decode ({type(exc).__name__})") from None
+    if not frames:
+        raise MediaError("the video has no frames")
+    start, end = frames[0][0], frames[-1][0]
+    count = int((end - start) * fps) + 1
+    if count <= max_frames:
+        times, interval = [start + i / fps for i in range(count)], 1 / fps
+    else:  # a long video: max_frames spread evenly over it
+        times = list(np.linspace(start, end, max_frames))
+        interval = (end - start) / max(max_frames - 1, 1)
+    picked, j = [], 0
+    for target in times:  # the decoded frame nearest each sampling time
+        while j + 1 < len(frames) and abs(frames[j + 1][0] - target) <= abs(frames[j][0] - target):
+            j += 1
+        picked.append(frames[j][1].convert("RGB"))
+    return picked, interval

@@ -1,0 +1,193 @@
+"""The ``tiny`` preset: Qwen3-Omni's real architecture (thinker with its audio and vision
+encoders, talker, code predictor, code2wav) at tiny sizes with deterministic random weights,
+written in the official layout: config.json, sharded safetensors with their index (experts
+stored per expert), generation_config.json, preprocessor_config.json, a chat template and a
+small byte-level tokenizer of its own carrying Qwen3-Omni's special tokens. Its replies are
+random tokens: it exercises the runtime, not understanding.
+
+``write_tiny(dir, special_order=...)`` can place the special tokens elsewhere in the vocabulary:
+a checkpoint whose ids are not the usual ones (the tests run it to show no id is hard-coded).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MARKER = ".omni-preset"
+SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+    "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
+    "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+    "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>", "<tts_text_bos_single>",
+    "<think>", "</think>",
+]
+VOCAB_SIZE = 320  # the model's rows: the tokenizer's 272 and spare ones, as real checkpoints pad theirs
+
+# ChatML with one placeholder per media part; the preprocessor expands each pad token to as many
+# as the part's encoder gives rows. A system prompt is optional, as in Qwen3-Omni's own template.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'audio' -%}{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
+    "{%- elif part['type'] == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'video' -%}{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+SIZES = {
+    "thinker": dict(
+        audio_config=dict(
+            num_mel_bins=128, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64, d_model=32,
+            output_dim=64, downsample_hidden_size=8, n_window=50, n_window_infer=200, max_source_positions=1500,
+        ),
+        vision_config=dict(
+            depth=3, hidden_size=32, num_heads=4, intermediate_size=64, patch_size=16, temporal_patch_size=2,
+            spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=16, deepstack_visual_indexes=[0, 1],
+        ),
+        text_config=dict(
+            hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=True, max_position_embeddings=4096, initializer_range=0.08,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3], "interleaved": True},
+        ),
+        position_id_per_seconds=13,
+    ),
+    "talker": dict(
+        text_config=dict(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            shared_expert_intermediate_size=32,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [1, 1, 2], "interleaved": True},
+        ),
+        code_predictor_config=dict(
+            vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, num_code_groups=4,
+        ),
+        num_code_groups=4, accept_hidden_layer=1, spatial_merge_size=2, position_id_per_seconds=13,
+        codec_eos_token_id=40, codec_nothink_id=41, codec_think_bos_id=42, codec_think_eos_id=43,
+        codec_pad_id=44, codec_bos_id=45, speaker_id={"chelsie": 50, "ethan": 51},
+    ),
+    "code2wav": dict(
+        codebook_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=64, num_quantizers=4, decoder_dim=32, sliding_window=8,
+    ),
+}
+
+
+def tiny_tokenizer(special_order: list[str] | None = None):
+    """A byte-level BPE over the 256 byte symbols (no merges: a character is one to four
+    tokens) with the special tokens; ``special_order`` puts them at other ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = list(special_order or SPECIAL_TOKENS)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    # a reordered checkpoint puts the special tokens first, so no id is where the usual one is
+    first = special_order is not None
+    vocab = {tok: i for i, tok in enumerate(specials)} if first else {}
+    vocab.update({ch: len(vocab) + i for i, ch in enumerate(alphabet)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", clean_up_tokenization_spaces=False
+    )
+
+
+def _config(vocab: dict[str, int], eos: list[int]):
+    from transformers import Qwen3OmniMoeConfig
+
+    thinker = json.loads(json.dumps(SIZES["thinker"]))
+    thinker["text_config"]["vocab_size"] = VOCAB_SIZE
+    ids = {
+        "audio_token_id": "<|audio_pad|>", "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+        "audio_start_token_id": "<|audio_start|>", "audio_end_token_id": "<|audio_end|>",
+        "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
+    }
+    thinker.update({key: vocab[token] for key, token in ids.items()})
+    talker = json.loads(json.dumps(SIZES["talker"]))
+    talker.update({key: thinker[key] for key in ids if key in thinker}, thinker_hidden_size=thinker["text_config"]["hidden_size"])
+    return Qwen3OmniMoeConfig(
+        thinker_config=thinker,
+        talker_config=talker,
+        code2wav_config=SIZES["code2wav"],
+        enable_audio_output=True,
+        im_start_token_id=vocab["<|im_start|>"],
+        im_end_token_id=vocab["<|im_end|>"],
+        tts_pad_token_id=vocab["<tts_pad>"],
+        tts_bos_token_id=vocab["<tts_text_bos>"],
+        tts_eos_token_id=vocab["<tts_text_eod>"],
+        # the role words are ordinary tokens (in this tokenizer, their first byte)
+        system_token_id=vocab["s"], user_token_id=vocab["u"], assistant_token_id=vocab["a"],
+    )
+
+
+def write_tiny(directory: str | Path, seed: int = 0, special_order: list[str] | None = None, shard_kb: int = 256) -> str:
+    """Write the preset into ``directory`` (skipped when a finished copy is already there)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
+
+    directory = Path(directory)
+    marker = directory / MARKER
+    name = "tiny" if special_order is None else "tiny-reordered"
+    if marker.exists() and marker.read_text() == name:
+        return str(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_tokenizer(special_order)
+    vocab = tokenizer.get_vocab()
+    eos = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
+    config = _config(vocab, eos)
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    # several shards, as the real checkpoint has: stages read only the shards of their prefix
+    model.save_pretrained(directory, max_shard_size=f"{shard_kb}KB")
+    GenerationConfig(eos_token_id=eos, pad_token_id=vocab["<|endoftext|>"]).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2), encoding="utf-8")
+    for stray in ("chat_template.jinja",):  # the official layout keeps the template in chat_template.json
+        (directory / stray).unlink(missing_ok=True)
+    (directory / "preprocessor_config.json").write_text(json.dumps(_preprocessor_config(), indent=2), encoding="utf-8")
+    (directory / "README.md").write_text(
+        f"omni-qwen3-omni `{name}` preset: the Qwen3-Omni layout with deterministic random weights. "
+        "Its replies are random tokens.\n",
+        encoding="utf-8",
+    )
+    marker.write_text(name)
+    return str(directory)
+
+
+def _preprocessor_config() -> dict:
+    return {
+        "feature_extractor_type": "WhisperFeatureExtractor",
+        "feature_size": 128,
+        "hop_length": 160,
+        "n_fft": 400,
+        "n_samples": 4800000,
+        "sampling_rate": 16000,
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "min_pixels": 3136,
+        "max_pixels": 200704,  # small images for a tiny model: at most 196 visual tokens
+        "processor_class": "Qwen3OmniMoeProcessor",
+    }
+
+
+def describe(directory: str | Path) -> str | None:
+    marker = Path(directory) / MARKER
+    return marker.read_text() if marker.exists() else None
+
+
+if __name__ == "__main__":  # python -m omni_qwen3_omni.presets DIR
+    import sys
+
+    print(json.dumps({"path": write_tiny(sys.argv[1])}))

@@ -1,0 +1,248 @@
+"""The stage workers: preprocess (fn), audio_encoder and vision_encoder (batch), thinker (ar)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import torch
+from omni_core.models.mel import log_mel
+from omni_core.scheduler.ar_stage import ARStageWorker
+from omni_core.scheduler.engine import EngineConfig, EngineRequest
+from omni_core.scheduler.executor import Message
+from omni_core.scheduler.sampling_params import SamplingParams
+from omni_core.serve.exceptions import InvalidInput
+
+from .audio_encoder import AudioEncoder, audio_rows
+from .config import OmniCheckpoint, load_tokenizer
+from .media import MediaError, decode_video, frames_patches, image_patches
+from .prompt import MediaItem, expand, media_index, render
+from .text import TextStream
+from .thinker import PromptMedia, ThinkerLM
+from .vision_encoder import VisionEncoder
+
+
+class Preprocessor:
+    """Chat payload -> the thinker's prompt (template, placeholders, positions), the audio clips
+    for the audio encoder and the patches for the vision encoder. Options: ``max_audios``,
+    ``max_images``, ``max_videos`` (parts a request may hold), ``video_fps``,
+    ``video_max_frames``, ``video_min_pixels``, ``video_max_pixels``, ``max_model_len``."""
+
+    def __init__(self, ckpt: OmniCheckpoint, limits: dict[str, Any]):
+        self.ckpt = ckpt
+        self.tokenizer = load_tokenizer(ckpt.path)
+        self.limits = limits
+
+    def __call__(self, message: Message, emit) -> None:
+        payload = message.payload
+        if payload.get("task") != "chat":
+            raise InvalidInput(f"qwen3-omni serves chat, not {payload.get('task')!r}")
+        media, clips, visual, digest = self._media(payload["messages"])
+        try:
+            prompt = expand(self.ckpt, render(self.ckpt, self.tokenizer, payload["messages"]), media)
+        except ValueError as exc:
+            raise InvalidInput(f"messages: {exc}") from None
+        limit = self.limits["max_model_len"]
+        if len(prompt.token_ids) >= limit:
+            raise InvalidInput(f"messages: the prompt takes {len(prompt.token_ids)} tokens; the model takes at most {limit - 1}")
+        emit(
+            "prompt",
+            {
+                "token_ids": prompt.token_ids,
+                "rope_positions": prompt.rope_positions,
+                "media": [item.kind for item in media],
+                "media_key": digest.hexdigest() if media else None,
+                "sampling": dict(payload.get("sampling") or {}),
+            },
+        )
+        if clips:
+            emit("audio", {"clips": clips})
+        if visual:
+            emit("vision", {"patches": torch.cat([p.pixels for p in visual]), "grids": [list(p.grid) for p in visual]})
+
+    def _media(self, messages: list[dict]):
+        vision = self.ckpt.vision
+        audio = self.ckpt.audio
+        media: list[MediaItem] = []
+        clips, visual = [], []
+        digest = hashlib.sha256()
+        counts = {"audio": 0, "image": 0, "video": 0}
+        for i, message in enumerate(messages):
+            for j, part in enumerate(message["content"]):
+                kind, where = part["type"], f"messages[{i}].content[{j}]"
+                if kind == "text":
+                    continue
+                if kind not in counts:
+                    raise InvalidInput(f"{where}: qwen3-omni takes text, audio, image and video parts, not {kind!r}", where)
+                counts[kind] += 1
+                most = self.limits[f"max_{kind}s"]
+                if counts[kind] > most:
+                    raise InvalidInput(f"{where}: at most {most} {kind} part(s) a request", where)
+                try:
+                    if kind == "audio":
+                        samples = torch.as_tensor(part["audio"], dtype=torch.float32).reshape(-1)
+                        if samples.numel() < audio.hop_length or not bool(torch.isfinite(samples).all()):
+                            raise MediaError("the audio is shorter than 10 ms or not finite")
+                        if samples.numel() > audio.max_samples:
+                            raise MediaError(f"the audio lasts more than {audio.max_samples / audio.sampling_rate:.0f} s")
+                        rows = audio_rows(samples.numel(), audio.hop_length, self.ckpt.audio_config.n_window)
+                        clips.append(samples)
+                        media.append(MediaItem("audio", rows))
+                        digest.update(b"audio" + samples.numpy().tobytes())
+                        continue
+                    if kind == "image":
+                        patches = image_patches(part["image"], vision)
+                        seconds = 0.0
+                    else:
+                        frames, interval = decode_video(part["video"], self.limits["video_fps"], self.limits["video_max_frames"])
+                        patches = frames_patches(frames, vision, self.limits["video_min_pixels"], self.limits["video_max_pixels"])
+                        seconds = interval * vision.temporal_patch_size
+                except MediaError as exc:
+                    raise InvalidInput(f"{where}: {exc}", where) from None
+                t, h, w = patches.grid
+                visual.append(patches)
+                media.append(MediaItem(kind, t * h * w // vision.merge_size**2, patches.grid, seconds))
+                digest.update(kind.encode() + repr(patches.grid).encode() + patches.pixels.numpy().tobytes())
+        return media, clips, visual, digest
+
+
+class AudioEncoderWorker:
+    """Every clip of every request in the batch through one encoder call (features on the
+    encoder's device)."""
+
+    def __init__(self, model: AudioEncoder, ckpt: OmniCheckpoint):
+        self.model = model
+        self.settings = ckpt.audio
+        self.device = next(model.parameters()).device
+
+    def process(self, messages: list[Message], emit) -> None:
+        s = self.settings
+        features, owners = [], []
+        for message in messages:
+            for clip in message.payload["clips"]:
+                features.append(log_mel(clip.to(self.device), s.n_mels, s.n_fft, s.hop_length, s.sampling_rate))
+                owners.append(message.request_id)
+        embeds = self.model(features)
+        for message in messages:
+            emit(message.request_id, "out", {"embeds": [e for e, owner in zip(embeds, owners, strict=True) if owner == message.request_id]})
+
+
+class VisionEncoderWorker:
+    """Every image and video of every request in the batch through one encoder call."""
+
+    def __init__(self, model: VisionEncoder, ckpt: OmniCheckpoint):
+        self.model = model
+        self.merge = ckpt.vision.merge_size
+
+    def process(self, messages: list[Message], emit) -> None:
+        patches = torch.cat([m.payload["patches"] for m in messages])
+        grids = [tuple(g) for m in messages for g in m.payload["grids"]]
+        tokens, deep = self.model(patches, grids)
+        start = 0
+        for message in messages:
+            rows = sum(t * h * w for t, h, w in message.payload["grids"]) // self.merge**2
+            grids = message.payload["grids"]
+            emit(message.request_id, "out", {"embeds": tokens[start : start + rows], "deepstack": deep[:, start : start + rows], "grids": grids})
+            start += rows
+
+
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "seed", "stop"}
+
+
+class ThinkerWorker(ARStageWorker):
+    """The thinker on the core engine: prompt ids with the encoders' rows at the placeholders,
+    multimodal rotary positions; text deltas out on ``text``, the last message with the whole
+    text, usage and finish reason. Requests with media are prefix-cached under their media's
+    digest (equal media and equal ids share blocks); text-only ones as usual."""
+
+    def __init__(self, model: ThinkerLM, ckpt: OmniCheckpoint, engine_config: EngineConfig, defaults: dict[str, Any]):
+        super().__init__(model, engine_config=engine_config)
+        self.ckpt = ckpt
+        self.tokenizer = load_tokenizer(ckpt.path)
+        self.defaults = defaults
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.streams: dict[str, tuple[TextStream, int]] = {}
+
+    def make_request(self, message: Message) -> EngineRequest:
+        parts = message.payload
+        prompt = parts["prompt"]
+        ids = prompt["token_ids"]
+        params, stop = self._sampling(prompt.get("sampling") or {}, len(ids))
+        extras: dict[str, Any] = {}
+        key = None
+        if prompt["media"]:
+            extras["media"] = self._media(prompt["media"], parts, ids)
+            key = prompt["media_key"]
+        self.streams[message.request_id] = (TextStream(self.tokenizer, stop), len(ids))
+        return EngineRequest(
+            request_id=message.request_id,
+            prompt_token_ids=ids,
+            params=params,
+            extras=extras,
+            prefix_key=key,
+            rope_positions=prompt.get("rope_positions"),
+        )
+
+    def _media(self, kinds: list[str], parts: dict, ids: list[int]) -> PromptMedia:
+        audio = iter(parts["audio"]["embeds"]) if "audio" in parts else iter(())
+        vision = parts.get("vision")
+        visual_rows = iter(vision["embeds"].split(self._visual_sizes(vision))) if vision else iter(())
+        rows = [next(audio) if kind == "audio" else next(visual_rows) for kind in kinds]
+        index, deep_index = media_index(ids, self.ckpt)
+        deep = vision["deepstack"] if vision else None
+        return PromptMedia(torch.cat(rows), index, deep, deep_index if deep is not None else None).to(self.device, self.dtype)
+
+    def _visual_sizes(self, vision: dict) -> list[int]:
+        m = self.ckpt.vision.merge_size
+        return [t * h * w // m**2 for t, h, w in vision["grids"]]
+
+    def _sampling(self, values: dict[str, Any], prompt_len: int) -> tuple[SamplingParams, list[str]]:
+        unknown = set(values) - SAMPLING_KEYS
+        if unknown:
+            raise InvalidInput(f"unknown sampling options {sorted(unknown)}; known: {sorted(SAMPLING_KEYS)}")
+        merged = {**self.defaults, **{k: v for k, v in values.items() if v is not None}}
+        stop = merged.pop("stop", None) or []
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        room = (self.max_model_len or 1 << 30) - prompt_len
+        merged.setdefault("max_tokens", room)
+        if merged["max_tokens"] > room:
+            raise InvalidInput(
+                f"max_tokens: the prompt takes {prompt_len} tokens and the model {self.max_model_len}: at most {room} more"
+            )
+        if merged.get("seed") is None:
+            merged["seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        return SamplingParams(stop_token_ids=list(self.ckpt.tokens.eos), **merged), stop
+
+    def on_output(self, request_id, new_token_ids, finished, step_outputs, emit) -> bool:
+        stream, prompt_len = self.streams[request_id]
+        delta = stream.push(new_token_ids)
+        done = finished or stream.stopped
+        if delta and not done:
+            emit("text", {"text": delta})
+        if not done:
+            return False
+        delta += stream.finish()
+        if delta:
+            emit("text", {"text": delta})
+        self.streams.pop(request_id, None)
+        completion = len(stream.tokens)
+        reason = "length" if finished and not stream.stopped and self._hit_length(stream, prompt_len) else "stop"
+        emit(
+            "text",
+            {
+                "text": stream.text,
+                "finish_reason": reason,
+                "usage": {"prompt_tokens": prompt_len, "completion_tokens": completion, "total_tokens": prompt_len + completion},
+            },
+            end=True,
+        )
+        return not finished
+
+    def _hit_length(self, stream: TextStream, prompt_len: int) -> bool:
+        last = stream.tokens[-1] if stream.tokens else None
+        return last not in self.ckpt.tokens.eos
+
+    def release(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
