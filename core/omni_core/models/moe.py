@@ -1,4 +1,7 @@
-"""Sparse mixture-of-experts feed-forward: top-k routing, optional gated shared expert."""
+"""Sparse mixture-of-experts feed-forward: top-k routing, optional gated shared expert.
+
+On CUDA (with triton) routing and experts run in the fused kernels of ``kernels.fused_moe``, with
+no host sync (so inside decode graphs); elsewhere in torch, one matmul per expert that has tokens."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_core.models import kernels
 from omni_core.models.layers import GatedMLP
 
 
@@ -66,12 +70,20 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = None
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        logits = self.gate(x)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, expert_ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        out = self.experts(x, expert_ids, weights.to(x.dtype))
+        if x.is_cuda and kernels.triton_available():
+            # routing and experts in a few kernels without a host sync (kernels.fused_moe): the
+            # decode graphs capture them, and prefill runs no per-expert loop
+            from omni_core.models.kernels import fused_moe
+
+            expert_ids, weights = fused_moe.route(x, self.gate.weight, self.top_k, self.norm_topk_prob)
+            out = fused_moe.experts_forward(x, self.experts.gate_up_proj, self.experts.down_proj, expert_ids, weights)
+        else:
+            logits = self.gate(x)
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            weights, expert_ids = torch.topk(probs, self.top_k, dim=-1)
+            if self.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            out = self.experts(x, expert_ids, weights.to(x.dtype))
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, fused)
         return out
