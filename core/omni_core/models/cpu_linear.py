@@ -123,11 +123,14 @@ def pack_cpu_linears(model: nn.Module, host_kernel: bool | None = None) -> int:
     (the model's memory stays the same; its ``state_dict`` no longer holds them): each
     ``GatedMLP``'s gate/up for oneDNN; its down_proj, and each attention's ``qkv_proj`` / ``o_proj``,
     for the host kernel where it is taken, else down_proj for oneDNN and q/k/v, o_proj left to
-    ``F.linear``. ``host_kernel``: True takes the kernel wherever it is built, False never; None
+    ``F.linear``; each MoE layer's ``Experts`` for the host experts kernel (``native/moe.c``) where
+    it is preferred. ``host_kernel``: True takes the kernel wherever it is built, False never; None
     (the default, or ``OMNI_HOST_LINEAR``) where ``native.linear`` is preferred (few intra-op
     threads) and, per layer shape, it ran faster on this CPU than the alternative at
     ``CALIBRATION_ROWS`` rows (``_host_kernel_faster``). Returns how many linear layers were packed."""
     from omni_core.models.layers import GatedMLP
+    from omni_core.models.moe import Experts
+    from omni_core.models.native import moe as host_moe
 
     if host_kernel is None and os.environ.get(HOST_LINEAR_ENV) in ("0", "1"):
         host_kernel = os.environ[HOST_LINEAR_ENV] == "1"
@@ -148,6 +151,12 @@ def pack_cpu_linears(model: nn.Module, host_kernel: bool | None = None) -> int:
 
     packed = 0
     for module in list(model.modules()):
+        if isinstance(module, Experts):
+            # every expert in one host-kernel call (native/moe.c) rather than ~6 torch ops each
+            if module.host_packed is None and host_kernel is not False and packing_supported(module.gate_up_proj[0]) and host_moe.preferred():
+                module.pack_for_host()
+                packed += 1
+            continue
         # layer name -> what it runs without the host kernel (None: F.linear, it stays as it is)
         if isinstance(module, GatedMLP):
             onednn, candidates = ["gate_up_proj"], {"down_proj": PackedCpuLinear}

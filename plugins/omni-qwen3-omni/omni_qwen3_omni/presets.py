@@ -102,11 +102,13 @@ def tiny_tokenizer(special_order: list[str] | None = None):
     )
 
 
-def _config(vocab: dict[str, int], eos: list[int]):
+def _config(vocab: dict[str, int], eos: list[int], sizes: dict | None = None):
     from transformers import Qwen3OmniMoeConfig
 
     thinker = json.loads(json.dumps(SIZES["thinker"]))
     thinker["text_config"]["vocab_size"] = VOCAB_SIZE
+    for part, values in (sizes or {}).items():  # larger random checkpoints (benchmarks)
+        thinker[part].update(values)
     ids = {
         "audio_token_id": "<|audio_pad|>", "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
         "audio_start_token_id": "<|audio_start|>", "audio_end_token_id": "<|audio_end|>",
@@ -130,21 +132,26 @@ def _config(vocab: dict[str, int], eos: list[int]):
     )
 
 
-def write_tiny(directory: str | Path, seed: int = 0, special_order: list[str] | None = None, shard_kb: int = 256) -> str:
-    """Write the preset into ``directory`` (skipped when a finished copy is already there)."""
+def write_tiny(directory: str | Path, seed: int = 0, special_order: list[str] | None = None, shard_kb: int = 256,
+               sizes: dict | None = None) -> str:
+    """Write the preset into ``directory`` (skipped when a finished copy is already there).
+    ``sizes`` overrides parts of the thinker's configs ({"text_config": {...}, "audio_config":
+    {...}}): a larger random checkpoint of the same layout, for benchmarks."""
     import torch
     from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
 
     directory = Path(directory)
     marker = directory / MARKER
     name = "tiny" if special_order is None else "tiny-reordered"
+    if sizes:
+        name = "random:" + json.dumps(sizes, sort_keys=True)
     if marker.exists() and marker.read_text() == name:
         return str(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = tiny_tokenizer(special_order)
     vocab = tokenizer.get_vocab()
     eos = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
-    config = _config(vocab, eos)
+    config = _config(vocab, eos, sizes)
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     # several shards, as the real checkpoint has: stages read only the shards of their prefix

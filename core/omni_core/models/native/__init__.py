@@ -39,7 +39,7 @@ MAX_INTRA_OP_THREADS = 2
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC", "-shared"]
 
 
-KERNELS = ("paged_decode", "paged_prefill", "host_ops", "linear")
+KERNELS = ("paged_decode", "paged_prefill", "host_ops", "linear", "moe")
 
 
 def build_all() -> None:
