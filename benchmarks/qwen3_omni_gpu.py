@@ -28,6 +28,7 @@ import time
 
 import torch
 import transformers
+from engine_gpu import copy_bandwidth  # benchmarks/: the same measured bandwidth as the dense engine's roofline
 from omni_core.scheduler import AREngine, EngineConfig, EngineRequest, SamplingParams
 
 REAL = dict(
@@ -46,20 +47,8 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def copy_bandwidth(device) -> float | None:
-    if torch.device(device).type != "cuda":
-        return None
-    src = torch.empty(1 << 30, dtype=torch.bfloat16, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * src.numel() * 2 * 10 / (start.elapsed_time(end) / 1e3)
+def device_bandwidth(device) -> float | None:
+    return copy_bandwidth() if torch.device(device).type == "cuda" else None
 
 
 @torch.no_grad()
@@ -99,7 +88,7 @@ def ours(cfg: dict, args, device: str, dtype: torch.dtype) -> list[dict]:
         enable_prefix_caching=False, cuda_graph_sizes=tuple(args.batches), cuda_graph_kv_lens=(context,),
         max_num_batched_tokens=args.prefill_tokens, cuda_graphs=not args.eager,
     ), device=device)
-    bandwidth = copy_bandwidth(device)
+    bandwidth = device_bandwidth(device)
     gen = torch.Generator().manual_seed(1)
     rows = []
     # the first round compiles the kernels each shape needs (Triton JIT); the second is reported

@@ -206,6 +206,8 @@ class ThinkerWorker(ARStageWorker):
         stop = merged.pop("stop", None) or []
         stop = [stop] if isinstance(stop, str) else list(stop)
         room = (self.max_model_len or 1 << 30) - prompt_len
+        if room < 1:
+            raise InvalidInput(f"messages: the prompt takes {prompt_len} tokens; the model takes at most {self.max_model_len - 1}")
         merged.setdefault("max_tokens", room)
         if merged["max_tokens"] > room:
             raise InvalidInput(
@@ -228,7 +230,7 @@ class ThinkerWorker(ARStageWorker):
             emit("text", {"text": delta})
         self.streams.pop(request_id, None)
         completion = len(stream.tokens)
-        reason = "length" if finished and not stream.stopped and self._hit_length(stream, prompt_len) else "stop"
+        reason = "length" if finished and not stream.stopped and not self._ended_by_eos(stream) else "stop"
         emit(
             "text",
             {
@@ -240,9 +242,8 @@ class ThinkerWorker(ARStageWorker):
         )
         return not finished
 
-    def _hit_length(self, stream: TextStream, prompt_len: int) -> bool:
-        last = stream.tokens[-1] if stream.tokens else None
-        return last not in self.ckpt.tokens.eos
+    def _ended_by_eos(self, stream: TextStream) -> bool:
+        return bool(stream.tokens) and stream.tokens[-1] in self.ckpt.tokens.eos
 
     def release(self, request_id: str) -> None:
         self.streams.pop(request_id, None)

@@ -148,3 +148,19 @@ def test_server_healthy_and_every_kv_block_free_after(server, client):
     assert usage and float(usage.group(1)) == 0.0
     models = client.models.list()
     assert [m.id for m in models.data] == ["qwen3-omni"]
+
+
+def test_each_stage_in_its_own_process_gives_the_same_reply(tiny_dir):
+    """Placement is configuration: prompts, media rows, deepstack features and positions cross
+    process boundaries (shared memory) and the reply is the in-process one."""
+    from omni_core import Omni
+
+    messages = [{"role": "user", "content": [
+        {"type": "audio", "audio": noise(1.5).numpy(), "sample_rate": 16000},
+        {"type": "image", "image": png(40, 60)}, {"type": "text", "text": "hi"},
+    ]}]
+    replies = []
+    for mode in ("inproc", "process"):
+        with Omni(family="qwen3-omni", checkpoint_dir=tiny_dir, stage_mode=mode) as omni:
+            replies.append(omni.chat(messages, sampling={"temperature": 0, "max_tokens": 8}))
+    assert replies[0].text == replies[1].text and replies[0].usage == replies[1].usage

@@ -25,6 +25,10 @@ import triton
 import triton.language as tl
 
 GEMV_MAX_PAIRS = 64  # (token, expert) pairs up to which the per-pair kernels run
+# tile sizes: per-pair kernels' output columns a program (gate/up pairs, down) and K step; grouped
+# kernels' rows a block (few pairs / many), columns and K step (benchmarks/fused_moe_gpu.py tunes them)
+TILES = dict(gemv_gate_up_n=16, gemv_down_n=16, gemv_k=256, gemv_warps=4,
+             grouped_m_small=16, grouped_m=64, grouped_n=64, grouped_k=64, grouped_warps=4)
 # loop bounds are compile-time constants (model sizes): the kernels specialise on them
 
 
@@ -184,8 +188,11 @@ def _grouped_kernel(a_ptr, w_ptr, out_ptr, rows_ptr, block_expert_ptr, used_ptr,
     tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], result.to(dtype), mask=valid[:, None] & n_ok[None, :])
 
 
-def experts_forward(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum over a token's experts of weight * down(silu(gate(x)) * up(x)): x [T, H] -> [T, H]."""
+def experts_forward(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                    tiles: dict | None = None) -> torch.Tensor:
+    """sum over a token's experts of weight * down(silu(gate(x)) * up(x)): x [T, H] -> [T, H].
+    ``tiles`` overrides the kernels' tile sizes (``TILES``' keys), for tuning."""
+    t = {**TILES, **(tiles or {})}
     T, H = x.shape
     E, two_i, _ = gate_up.shape
     I = two_i // 2
@@ -197,23 +204,26 @@ def experts_forward(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     x = x.contiguous()
     act = torch.empty(pairs, I, dtype=x.dtype, device=x.device)
     if pairs <= GEMV_MAX_PAIRS:
-        block_n = 32
-        _gemv_gate_up_kernel[(pairs, triton.cdiv(I, block_n))](x, gate_up, ids, act, H, I, top_k, x.stride(0), gate_up.stride(0),
-                                                              gate_up.stride(1), act.stride(0), BLOCK_N=block_n, BLOCK_K=128)
-        _gemv_down_kernel[(T, triton.cdiv(H, block_n))](act, down, ids, weights, out, H, I, act.stride(0), down.stride(0), down.stride(1),
-                                                        out.stride(0), TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=128)
+        _gemv_gate_up_kernel[(pairs, triton.cdiv(I, t["gemv_gate_up_n"]))](
+            x, gate_up, ids, act, H, I, top_k, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+            BLOCK_N=t["gemv_gate_up_n"], BLOCK_K=t["gemv_k"], num_warps=t["gemv_warps"])
+        _gemv_down_kernel[(T, triton.cdiv(H, t["gemv_down_n"]))](
+            act, down, ids, weights, out, H, I, act.stride(0), down.stride(0), down.stride(1), out.stride(0),
+            TOP_K=top_k, BLOCK_N=t["gemv_down_n"], BLOCK_K=t["gemv_k"], num_warps=t["gemv_warps"])
         return out
-    block_m = 16 if pairs <= 1024 else 64
+    block_m = t["grouped_m_small"] if pairs <= 1024 else t["grouped_m"]
     # float32 stays float32 on the tensor cores (no TF32 rounding of the inputs)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     rows, block_expert, used = align(ids, E, block_m)
     blocks = rows.numel() // block_m
-    block_n, block_k = 64, 64
+    block_n, block_k = t["grouped_n"], t["grouped_k"]
     _grouped_kernel[(blocks, triton.cdiv(I, block_n))](x, gate_up, act, rows, block_expert, used, weights, pairs, top_k, I, H, I,
                                                         x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-                                                        GATED=True, WEIGHTED=False, PRECISION=precision, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+                                                        GATED=True, WEIGHTED=False, PRECISION=precision, BLOCK_M=block_m, BLOCK_N=block_n,
+                                                        BLOCK_K=block_k, num_warps=t["grouped_warps"])
     per_pair = torch.empty(pairs, H, dtype=x.dtype, device=x.device)
     _grouped_kernel[(blocks, triton.cdiv(H, block_n))](act, down, per_pair, rows, block_expert, used, weights, pairs, 1, H, I, 0,
                                                         act.stride(0), down.stride(0), down.stride(1), per_pair.stride(0),
-                                                        GATED=False, WEIGHTED=True, PRECISION=precision, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+                                                        GATED=False, WEIGHTED=True, PRECISION=precision, BLOCK_M=block_m, BLOCK_N=block_n,
+                                                        BLOCK_K=block_k, num_warps=t["grouped_warps"])
     return per_pair.view(T, top_k, H).sum(1, dtype=torch.float32).to(x.dtype)

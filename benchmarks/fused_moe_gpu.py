@@ -1,0 +1,74 @@
+"""The fused MoE kernels (``omni_core.models.kernels.fused_moe``) alone on one GPU at Qwen3-Omni's
+thinker sizes (hidden 2048, 128 experts top-8 of width 768, bf16): microseconds a layer and the
+bandwidth they reach reading the experts the tokens are routed to, for several tile settings, with
+torch's per-expert loop (the CPU path run on the GPU) for reference at small batches.
+
+    python benchmarks/fused_moe_gpu.py --tokens 1 8 64 512 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from omni_core.models.kernels import fused_moe
+from omni_core.models.moe import SparseMoeBlock
+
+VARIANTS = {
+    "default": {},
+    "gemv n32": dict(gemv_gate_up_n=32, gemv_down_n=32),
+    "gemv n8": dict(gemv_gate_up_n=8, gemv_down_n=8),
+    "gemv k128": dict(gemv_k=128),
+    "gemv warps8": dict(gemv_warps=8),
+    "grouped n128": dict(grouped_n=128),
+    "grouped k128": dict(grouped_k=128),
+    "grouped m32/128": dict(grouped_m_small=32, grouped_m=128),
+    "grouped warps8": dict(grouped_warps=8),
+}
+
+
+def timed(fn, iters: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 512, 4096])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    hidden, experts, top_k, inter = 2048, 128, 8, 768
+    with torch.device("cuda"):
+        block = SparseMoeBlock(hidden, experts, top_k, inter, norm_topk_prob=True).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 0.02)
+    ex = block.experts
+    expert_bytes = 3 * hidden * inter * 2
+    for tokens in args.tokens:
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+        ids, weights = fused_moe.route(x, block.gate.weight, top_k, True)
+        touched = int(torch.unique(ids).numel())
+        row = {"tokens": tokens, "experts_read": touched, "route_us": timed(lambda: fused_moe.route(x, block.gate.weight, top_k, True))}
+        for name, tiles in VARIANTS.items():
+            us = timed(lambda tiles=tiles: fused_moe.experts_forward(x, ex.gate_up_proj, ex.down_proj, ids, weights, tiles))
+            row[name] = {"us": round(us, 1), "GB/s": round(touched * expert_bytes / us / 1e3)}
+        if tokens <= 64:
+            row["torch loop us"] = round(timed(lambda: ex(x, ids.long(), weights.to(x.dtype)), iters=5), 1)
+        ref = ex(x, ids.long(), weights.to(x.dtype))
+        got = fused_moe.experts_forward(x, ex.gate_up_proj, ex.down_proj, ids, weights)
+        row["max_abs_err_vs_torch"] = float((got.float() - ref.float()).abs().max())
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
