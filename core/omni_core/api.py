@@ -268,7 +268,10 @@ class Omni:
         modalities: list[str] | tuple[str, ...] = ("text",),
         voice: str | None = None,
         sampling: dict[str, Any] | None = None,
+        local_parts: bool = True,
     ) -> dict[str, Any]:
+        """The chat's entry payload; ``local_parts=False`` (the server) refuses the offline-only
+        parts that take samples, bytes or file paths."""
         self._require("chat")
         voice_id, reference, reference_text = (
             self.resolve_voice(voice) if "audio" in modalities else (None, None, None)
@@ -282,6 +285,7 @@ class Omni:
             reference_text=reference_text,
             sampling=sampling or {},
             limits=self.limits,
+            local_parts=local_parts,
         )
 
     def submit(self, inputs: dict[str, Any], request_id: str | None = None):

@@ -54,7 +54,7 @@ async def create_chat_completion(body: ChatRequest, request: Request):
     try:
         omni = state.ready_omni()
         inputs = await asyncio.to_thread(
-            omni.chat_inputs, messages, modalities=body.modalities, voice=voice, sampling=body.sampling()
+            omni.chat_inputs, messages, modalities=body.modalities, voice=voice, sampling=body.sampling(), local_parts=False
         )
         handle = slot.track(omni.submit(inputs))
         reply = {

@@ -150,10 +150,16 @@ def transcription_inputs(
     }
 
 
-def _chat_part(part: Any, where: str, target_rate: int | None, limits: Limits) -> dict[str, Any]:
+LOCAL_PART_TYPES = ("audio", "image", "video")  # the offline API's parts: samples, bytes or file paths
+
+
+def _chat_part(part: Any, where: str, target_rate: int | None, limits: Limits, local_parts: bool) -> dict[str, Any]:
     if not isinstance(part, dict) or "type" not in part:
         raise InvalidInput(f"{where} must be an object with a 'type'", where)
     kind = part["type"]
+    if kind in LOCAL_PART_TYPES and not local_parts:
+        # over HTTP only the OpenAI-shaped parts: a local one would have the server read its own files
+        raise InvalidInput(f"{where}: unsupported content part type {kind!r}", f"{where}.type")
     if kind == "text":
         text = part.get("text")
         if not isinstance(text, str):
@@ -210,7 +216,10 @@ def chat_inputs(
     reference_text: str | None,
     sampling: dict[str, Any],
     limits: Limits,
+    local_parts: bool = True,
 ) -> dict[str, Any]:
+    """``local_parts``: whether parts may be the offline API's ``audio`` / ``image`` / ``video``
+    (samples, bytes, file paths); the HTTP server takes only OpenAI's part types."""
     if not messages:
         raise InvalidInput("messages must not be empty", "messages")
     check_optional_text(reference_text, limits, "reference_text")
@@ -231,7 +240,7 @@ def chat_inputs(
             parts = [{"type": "text", "text": content}]
         elif isinstance(content, list):
             parts = [
-                _chat_part(p, f"messages[{i}].content[{j}]", target_rate, limits)
+                _chat_part(p, f"messages[{i}].content[{j}]", target_rate, limits, local_parts)
                 for j, p in enumerate(content)
             ]
         else:

@@ -121,6 +121,14 @@ BAD_REQUESTS = [
         400,
         "messages[0].content[0].type",
     ),
+    (
+        # the offline API's part that takes a file path: over HTTP the server reads no file of its own
+        "chat local audio path",
+        CHAT,
+        chat_part({"type": "audio", "audio": "/etc/hostname", "sample_rate": 16000}),
+        400,
+        "messages[0].content[0].type",
+    ),
     ("chat no messages", CHAT, {"json": {"model": "testfamily", "messages": []}}, 400, "messages"),
 ]
 
