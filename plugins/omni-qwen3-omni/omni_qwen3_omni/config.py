@@ -7,6 +7,7 @@ out), never from constants: a checkpoint whose ids differ from Qwen's works the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -97,7 +98,8 @@ def load_checkpoint(checkpoint_dir: str) -> OmniCheckpoint:
         )
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(root))
+    with quiet_transformers():
+        config = AutoConfig.from_pretrained(str(root))
     thinker = getattr(config, "thinker_config", config)
     raw_thinker = raw.get("thinker_config", raw)
     tokenizer = load_tokenizer(checkpoint_dir)
@@ -126,7 +128,26 @@ def load_checkpoint(checkpoint_dir: str) -> OmniCheckpoint:
 def load_tokenizer(checkpoint_dir: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(checkpoint_dir)
+    with quiet_transformers():  # it reads config.json too
+        return AutoTokenizer.from_pretrained(checkpoint_dir)
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers warns that rope_parameters' M-RoPE keys are not its own whenever it reads a
+    Qwen3-Omni config.json (the real checkpoint's included): a warning no user can act on; and
+    the preset's shard writing needs no progress bar."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _token_id(raw: dict, key: str, tokenizer, token: str) -> int:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .config import quiet_transformers
+
 MARKER = ".omni-preset"
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>",
@@ -151,11 +153,12 @@ def write_tiny(directory: str | Path, seed: int = 0, special_order: list[str] | 
     tokenizer = tiny_tokenizer(special_order)
     vocab = tokenizer.get_vocab()
     eos = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
-    config = _config(vocab, eos, sizes)
-    torch.manual_seed(seed)
-    model = Qwen3OmniMoeForConditionalGeneration(config).eval()
-    # several shards, as the real checkpoint has: stages read only the shards of their prefix
-    model.save_pretrained(directory, max_shard_size=f"{shard_kb}KB")
+    with quiet_transformers():
+        config = _config(vocab, eos, sizes)
+        torch.manual_seed(seed)
+        model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+        # several shards, as the real checkpoint has: stages read only the shards of their prefix
+        model.save_pretrained(directory, max_shard_size=f"{shard_kb}KB")
     GenerationConfig(eos_token_id=eos, pad_token_id=vocab["<|endoftext|>"]).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     (directory / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2), encoding="utf-8")
