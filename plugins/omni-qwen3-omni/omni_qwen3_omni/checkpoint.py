@@ -12,8 +12,11 @@ import torch
 from omni_core.models import iter_safetensors, load_weights
 
 from .audio_encoder import AudioEncoder
+from .code2wav import Code2Wav
+from .code_predictor import CodePredictor
 from .config import CheckpointError, OmniCheckpoint
 from .presets import describe
+from .talker import TalkerLM, TalkerProjections, checkpoint_weights
 from .thinker import ThinkerLM
 from .vision_encoder import VisionEncoder
 
@@ -79,3 +82,46 @@ def load_vision_encoder(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -
         model = VisionEncoder(ckpt.vision_config)
     load_weights(model, iter_safetensors(ckpt.path, "thinker.visual."), strip_prefix="thinker.visual.")
     return model.eval()
+
+
+# The speech half (talker, code predictor, code2wav) reads the whole model's configs
+# (``talker_config``, ``code2wav_config``), which a thinker-only config.json does not have.
+
+
+def _speech_config(ckpt: OmniCheckpoint, name: str):
+    from transformers import AutoConfig
+
+    from .config import quiet_transformers
+
+    with quiet_transformers():
+        config = AutoConfig.from_pretrained(ckpt.path)
+    part = getattr(config, name, None)
+    if part is None:
+        raise CheckpointError(f"{ckpt.path} has no {name} (a thinker-only checkpoint: no speech out)")
+    return part
+
+
+def load_talker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> tuple[TalkerLM, TalkerProjections]:
+    config = _speech_config(ckpt, "talker_config")
+    with _constructing(device, dtype):
+        model, projections = TalkerLM(config.text_config).eval(), TalkerProjections(config).eval()
+    weights = itertools.chain(iter_safetensors(ckpt.path, "talker.model."), iter_safetensors(ckpt.path, "talker.codec_head."))
+    load_weights(model, checkpoint_weights(weights))
+    projected = itertools.chain(iter_safetensors(ckpt.path, "talker.text_projection."), iter_safetensors(ckpt.path, "talker.hidden_projection."))
+    load_weights(projections, projected, strip_prefix="talker.")
+    return model, projections
+
+
+def load_code_predictor(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> CodePredictor:
+    config = _speech_config(ckpt, "talker_config").code_predictor_config
+    with _constructing(device, dtype):
+        model = CodePredictor(config).eval()
+    load_weights(model, iter_safetensors(ckpt.path, "talker.code_predictor."), strip_prefix="talker.code_predictor.")
+    return model
+
+
+def load_code2wav(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> Code2Wav:
+    with _constructing(device, dtype):
+        model = Code2Wav(_speech_config(ckpt, "code2wav_config")).eval()
+    load_weights(model, iter_safetensors(ckpt.path, "code2wav."), strip_prefix="code2wav.")
+    return model

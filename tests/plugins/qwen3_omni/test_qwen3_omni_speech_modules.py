@@ -1,0 +1,86 @@
+"""The speech half's modules against transformers' Qwen3-Omni on the tiny preset's weights
+(float32, CPU): the talker's prefill logits through the core engine, its projections, the code
+predictor's greedy codes and their embedding sum, and code2wav's waveform, whole and decoded in
+chunks with left context. (They are not served yet: the stages that run them are the next step.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omni_core.scheduler import AREngine, EngineConfig, EngineRequest, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_dir):
+    from omni_qwen3_omni.config import quiet_transformers
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    with quiet_transformers():
+        return Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_dir):
+    from omni_qwen3_omni.config import load_checkpoint
+
+    return load_checkpoint(tiny_dir)
+
+
+def test_talker_prefill_logits_and_projections(ckpt, hf_model):
+    from omni_qwen3_omni.checkpoint import load_talker
+
+    model, projections = load_talker(ckpt, "cpu", torch.float32)
+    cfg = hf_model.config.talker_config
+    g = torch.Generator().manual_seed(0)
+    thinker_rows = torch.randn(7, cfg.thinker_hidden_size, generator=g)
+    with torch.no_grad():
+        torch.testing.assert_close(projections.text_projection(thinker_rows), hf_model.talker.text_projection(thinker_rows))
+        torch.testing.assert_close(projections.hidden_projection(thinker_rows), hf_model.talker.hidden_projection(thinker_rows))
+    length = 11
+    embeds = torch.randn(length, cfg.text_config.hidden_size, generator=g)
+    with torch.no_grad():
+        ref = hf_model.talker(inputs_embeds=embeds[None], attention_mask=torch.ones(1, length, dtype=torch.long),
+                              talker_input_ids=torch.zeros(1, length, dtype=torch.long)).logits[0]
+    engine = AREngine(model, EngineConfig(block_size=8))
+    last = model.kv_cache_spec.num_layers
+    engine.add_request(EngineRequest("t", prompt_embeds=embeds, params=SamplingParams(temperature=0, max_tokens=1), hidden_layers=(last,)))
+    rows = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            rows.append(out.step_outputs["hidden_states"][last])
+    torch.testing.assert_close(model.compute_logits(torch.cat(rows)[:length]), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_code_predictor_greedy_codes(ckpt, hf_model):
+    from omni_qwen3_omni.checkpoint import load_code_predictor
+
+    ours = load_code_predictor(ckpt, "cpu", torch.float32)
+    ref = hf_model.talker.code_predictor
+    cfg = ref.config
+    g = torch.Generator().manual_seed(1)
+    hidden, code0 = torch.randn(4, cfg.hidden_size, generator=g), torch.randn(4, cfg.hidden_size, generator=g)
+    codes, total = ours(hidden, code0)
+    out = ref.generate(inputs_embeds=torch.stack([hidden, code0], 1), max_new_tokens=cfg.num_code_groups - 1, do_sample=False,
+                       output_hidden_states=True, return_dict_in_generate=True)
+    assert codes.tolist() == out.sequences.tolist()
+    embedded = [step[0] for step in out.hidden_states[1:]] + [ref.get_input_embeddings()[-1](out.sequences[..., -1:])]
+    torch.testing.assert_close(total, torch.cat(embedded, 1).sum(1))
+
+
+def test_code2wav_whole_and_in_chunks(ckpt, hf_model):
+    from omni_qwen3_omni.checkpoint import load_code2wav
+
+    ours = load_code2wav(ckpt, "cpu", torch.float32)
+    ref = hf_model.code2wav
+    cfg = ref.config
+    codes = torch.randint(0, cfg.codebook_size, (2, cfg.num_quantizers, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(codes), ref(codes))
+        whole = ref.chunked_decode(codes, chunk_size=10, left_context_size=5)[:, 0]
+    pieces, start = [], 0
+    while start < codes.shape[-1]:
+        end = min(start + 10, codes.shape[-1])
+        context = min(5, start)
+        pieces.append(ours.decode_chunk(codes[..., start - context : end], context))
+        start = end
+    torch.testing.assert_close(torch.cat(pieces, -1), whole)
