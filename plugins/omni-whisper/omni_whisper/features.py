@@ -1,18 +1,14 @@
 """Whisper's log-mel features in torch (no torchaudio): 16 kHz, 25 ms Hann window, 10 ms hop.
 
 Audio is cut into windows of at most 30 s, each ending at a quiet moment; each window is
-zero-padded to 30 s, as Whisper was trained, and becomes ``[n_mels, 3000]``. The mel filters
-come from transformers' ``mel_filter_bank`` (Slaney scale and norm, 0-8 kHz), the same bank as
-``WhisperFeatureExtractor``.
+zero-padded to 30 s, as Whisper was trained, and becomes ``[n_mels, 3000]`` (the shared
+``omni_core.models.mel``: ``WhisperFeatureExtractor``'s features).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-import numpy as np
 import torch
-from transformers.audio_utils import mel_filter_bank
+from omni_core.models.mel import log_mel as shared_log_mel
 
 SAMPLE_RATE = 16000
 N_FFT = 400
@@ -22,33 +18,10 @@ WINDOW_SAMPLES = WINDOW_SECONDS * SAMPLE_RATE
 FRAMES_PER_WINDOW = WINDOW_SAMPLES // HOP  # 3000 mel frames; the encoder halves them to 1500
 
 
-@lru_cache(maxsize=4)
-def _filters(n_mels: int) -> torch.Tensor:
-    bank = mel_filter_bank(
-        num_frequency_bins=1 + N_FFT // 2,
-        num_mel_filters=n_mels,
-        min_frequency=0.0,
-        max_frequency=8000.0,
-        sampling_rate=SAMPLE_RATE,
-        norm="slaney",
-        mel_scale="slaney",
-    )
-    return torch.from_numpy(np.ascontiguousarray(bank.T)).float()  # [n_mels, freq]
-
-
-@lru_cache(maxsize=1)
-def _window() -> torch.Tensor:
-    return torch.hann_window(N_FFT)
-
-
 def log_mel(windows: torch.Tensor, n_mels: int = 80) -> torch.Tensor:
-    """``windows`` [B, WINDOW_SAMPLES] float32 -> log-mel [B, n_mels, FRAMES_PER_WINDOW]."""
-    spec = torch.stft(windows, N_FFT, HOP, window=_window(), return_complex=True)
-    power = (spec[..., :-1].abs() ** 2).contiguous()
-    mel = torch.clamp(_filters(n_mels) @ power, min=1e-10).log10()
-    # each window is normalised on its own: a dynamic range of 80 dB below its loudest bin
-    mel = torch.maximum(mel, mel.amax(dim=(1, 2), keepdim=True) - 8.0)
-    return (mel + 4.0) / 4.0
+    """``windows`` [B, WINDOW_SAMPLES] float32 -> log-mel [B, n_mels, FRAMES_PER_WINDOW]; each window
+    is normalised on its own (a dynamic range of 80 dB below its loudest bin)."""
+    return shared_log_mel(windows, n_mels, N_FFT, HOP, SAMPLE_RATE)
 
 
 # a window longer audio is cut into ends at the quietest moment of its last few seconds (the
