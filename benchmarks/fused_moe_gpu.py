@@ -58,12 +58,12 @@ def main() -> None:
         x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
         ids, weights = fused_moe.route(x, block.gate.weight, top_k, True)
         touched = int(torch.unique(ids).numel())
-        row = {"tokens": tokens, "experts_read": touched, "route_us": timed(lambda: fused_moe.route(x, block.gate.weight, top_k, True))}
+        row = {"tokens": tokens, "experts_read": touched, "route_us": timed(lambda x=x: fused_moe.route(x, block.gate.weight, top_k, True))}
         for name, tiles in VARIANTS.items():
-            us = timed(lambda tiles=tiles: fused_moe.experts_forward(x, ex.gate_up_proj, ex.down_proj, ids, weights, tiles))
+            us = timed(lambda tiles=tiles, x=x, ids=ids, weights=weights: fused_moe.experts_forward(x, ex.gate_up_proj, ex.down_proj, ids, weights, tiles))
             row[name] = {"us": round(us, 1), "GB/s": round(touched * expert_bytes / us / 1e3)}
         if tokens <= 64:
-            row["torch loop us"] = round(timed(lambda: ex(x, ids.long(), weights.to(x.dtype)), iters=5), 1)
+            row["torch loop us"] = round(timed(lambda x=x, ids=ids, weights=weights: ex(x, ids.long(), weights.to(x.dtype)), iters=5), 1)
         ref = ex(x, ids.long(), weights.to(x.dtype))
         got = fused_moe.experts_forward(x, ex.gate_up_proj, ex.down_proj, ids, weights)
         row["max_abs_err_vs_torch"] = float((got.float() - ref.float()).abs().max())

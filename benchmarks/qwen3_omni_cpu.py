@@ -76,7 +76,7 @@ def hf_batch(omni, batch: list[dict]):
     prompts, clips = [], []
     for r in batch:
         out = {}
-        pre(Message("r", "in", omni.chat_inputs(r["messages"])), lambda port, payload, end=True: out.__setitem__(port, payload))
+        pre(Message("r", "in", omni.chat_inputs(r["messages"])), lambda port, payload, end=True, out=out: out.__setitem__(port, payload))
         prompts.append(out["prompt"]["token_ids"])
         clips += out.get("audio", {}).get("clips", [])
     width = max(map(len, prompts))

@@ -28,7 +28,9 @@ import time
 
 import torch
 import transformers
-from engine_gpu import copy_bandwidth  # benchmarks/: the same measured bandwidth as the dense engine's roofline
+from engine_gpu import (
+    copy_bandwidth,  # benchmarks/: the same measured bandwidth as the dense engine's roofline
+)
 from omni_core.scheduler import AREngine, EngineConfig, EngineRequest, SamplingParams
 
 REAL = dict(

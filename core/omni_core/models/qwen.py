@@ -18,7 +18,14 @@ from torch import nn
 
 from omni_core.models import kernels
 from omni_core.models.attention import ForwardContext
-from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, mrope_settings, rope_theta
+from omni_core.models.layers import (
+    GatedMLP,
+    PackedLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    mrope_settings,
+    rope_theta,
+)
 from omni_core.models.logits_head import LogitsHead
 from omni_core.models.moe import SparseMoeBlock
 

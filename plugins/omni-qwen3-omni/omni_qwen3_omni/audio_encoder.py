@@ -134,7 +134,7 @@ class AudioEncoder(nn.Module):
 
     def _attend(self, flat: torch.Tensor, windows: list[int]) -> torch.Tensor:
         width = max(windows)
-        n, d = len(windows), flat.shape[1]
+        d = flat.shape[1]
         starts = np.concatenate([[0], np.cumsum(windows)[:-1]])
         # one padded batch of windows: row j of window i is flat row starts[i] + j
         index = torch.as_tensor(starts[:, None] + np.arange(width)[None, :], device=flat.device)

@@ -16,9 +16,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from omni_core.models.layers import RotaryEmbedding, apply_rotary
+from torch import nn
 
 
 class CausalConv(nn.Module):

@@ -41,7 +41,7 @@ def _run_on_cuda(stages, dtype: torch.dtype):
     return tokens
 
 
-def test_cuda_graphs_with_fused_moe_give_transformers_tokens(stages, expected):
+def test_cuda_graphs_with_fused_moe_give_transformers_tokens(stages, expected):  # noqa: F811 - the imported fixture
     assert _run_on_cuda(stages, torch.float32) == expected
 
 

@@ -166,7 +166,7 @@ def generate_together(stages, names, rounds: int = 1, **engine_config):
     """Each round submits every chat at once and steps until all finish; returns each round's tokens."""
     worker, engine = stages.worker(**engine_config)
     results = []
-    for round_ in range(rounds):
+    for _ in range(rounds):
         tokens = {name: [] for name in names}
         for name in names:
             _, joined = stages.inputs(chats()[name], rid=name)

@@ -78,13 +78,13 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, renormalize: b
 
 
 @triton.jit
-def _gemv_gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, H: tl.constexpr, I, top_k, stride_x, stride_we, stride_wn, stride_o,
+def _gemv_gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, H: tl.constexpr, inter, top_k, stride_x, stride_we, stride_wn, stride_o,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pair = tl.program_id(0).to(tl.int64)
     token = pair // top_k
     e = tl.load(ids_ptr + pair).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = cols < I
+    n_ok = cols < inter
     gate = tl.zeros([BLOCK_N], dtype=tl.float32)
     up = tl.zeros([BLOCK_N], dtype=tl.float32)
     base = w_ptr + e * stride_we
@@ -94,7 +94,7 @@ def _gemv_gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, H: tl.constexpr, I, top
         x = tl.load(x_ptr + token * stride_x + offs, mask=k_ok, other=0.0).to(tl.float32)
         mask = n_ok[:, None] & k_ok[None, :]
         wg = tl.load(base + cols[:, None] * stride_wn + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-        wu = tl.load(base + (cols[:, None] + I) * stride_wn + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+        wu = tl.load(base + (cols[:, None] + inter) * stride_wn + offs[None, :], mask=mask, other=0.0).to(tl.float32)
         gate += tl.sum(wg * x[None, :], axis=1)
         up += tl.sum(wu * x[None, :], axis=1)
     dtype = out_ptr.dtype.element_ty
@@ -104,7 +104,7 @@ def _gemv_gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, H: tl.constexpr, I, top
 
 
 @triton.jit
-def _gemv_down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, I: tl.constexpr, stride_a, stride_we, stride_wn, stride_o,
+def _gemv_down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, inter: tl.constexpr, stride_a, stride_we, stride_wn, stride_o,
                       TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -116,9 +116,9 @@ def _gemv_down_kernel(a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, I: tl.cons
         e = tl.load(ids_ptr + pair).to(tl.int64)
         base = w_ptr + e * stride_we
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
+        for k0 in range(0, inter, BLOCK_K):
             offs = k0 + tl.arange(0, BLOCK_K)
-            k_ok = offs < I
+            k_ok = offs < inter
             a = tl.load(a_ptr + pair * stride_a + offs, mask=k_ok, other=0.0).to(tl.float32)
             w = tl.load(base + cols[:, None] * stride_wn + offs[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
             acc += tl.sum(w * a[None, :], axis=1)
@@ -195,20 +195,20 @@ def experts_forward(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     t = {**TILES, **(tiles or {})}
     T, H = x.shape
     E, two_i, _ = gate_up.shape
-    I = two_i // 2
+    inter = two_i // 2
     top_k = ids.shape[1]
     pairs = T * top_k
     out = torch.empty(T, H, dtype=x.dtype, device=x.device)
     if T == 0:
         return out
     x = x.contiguous()
-    act = torch.empty(pairs, I, dtype=x.dtype, device=x.device)
+    act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     if pairs <= GEMV_MAX_PAIRS:
-        _gemv_gate_up_kernel[(pairs, triton.cdiv(I, t["gemv_gate_up_n"]))](
-            x, gate_up, ids, act, H, I, top_k, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+        _gemv_gate_up_kernel[(pairs, triton.cdiv(inter, t["gemv_gate_up_n"]))](
+            x, gate_up, ids, act, H, inter, top_k, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
             BLOCK_N=t["gemv_gate_up_n"], BLOCK_K=t["gemv_k"], num_warps=t["gemv_warps"])
         _gemv_down_kernel[(T, triton.cdiv(H, t["gemv_down_n"]))](
-            act, down, ids, weights, out, H, I, act.stride(0), down.stride(0), down.stride(1), out.stride(0),
+            act, down, ids, weights, out, H, inter, act.stride(0), down.stride(0), down.stride(1), out.stride(0),
             TOP_K=top_k, BLOCK_N=t["gemv_down_n"], BLOCK_K=t["gemv_k"], num_warps=t["gemv_warps"])
         return out
     block_m = t["grouped_m_small"] if pairs <= 1024 else t["grouped_m"]
@@ -217,12 +217,12 @@ def experts_forward(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     rows, block_expert, used = align(ids, E, block_m)
     blocks = rows.numel() // block_m
     block_n, block_k = t["grouped_n"], t["grouped_k"]
-    _grouped_kernel[(blocks, triton.cdiv(I, block_n))](x, gate_up, act, rows, block_expert, used, weights, pairs, top_k, I, H, I,
+    _grouped_kernel[(blocks, triton.cdiv(inter, block_n))](x, gate_up, act, rows, block_expert, used, weights, pairs, top_k, inter, H, inter,
                                                         x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
                                                         GATED=True, WEIGHTED=False, PRECISION=precision, BLOCK_M=block_m, BLOCK_N=block_n,
                                                         BLOCK_K=block_k, num_warps=t["grouped_warps"])
     per_pair = torch.empty(pairs, H, dtype=x.dtype, device=x.device)
-    _grouped_kernel[(blocks, triton.cdiv(H, block_n))](act, down, per_pair, rows, block_expert, used, weights, pairs, 1, H, I, 0,
+    _grouped_kernel[(blocks, triton.cdiv(H, block_n))](act, down, per_pair, rows, block_expert, used, weights, pairs, 1, H, inter, 0,
                                                         act.stride(0), down.stride(0), down.stride(1), per_pair.stride(0),
                                                         GATED=False, WEIGHTED=True, PRECISION=precision, BLOCK_M=block_m, BLOCK_N=block_n,
                                                         BLOCK_K=block_k, num_warps=t["grouped_warps"])
