@@ -17,10 +17,11 @@ from omni_core.models.moe import SparseMoeBlock
 
 VARIANTS = {
     "default": {},
-    "gemv n32": dict(gemv_gate_up_n=32, gemv_down_n=32),
     "gemv n8": dict(gemv_gate_up_n=8, gemv_down_n=8),
-    "gemv k128": dict(gemv_k=128),
-    "gemv warps8": dict(gemv_warps=8),
+    "gemv n8 k512": dict(gemv_gate_up_n=8, gemv_down_n=8, gemv_k=512),
+    "gemv k512": dict(gemv_k=512),
+    "gemv warps4": dict(gemv_warps=4),
+    "gemv warps16": dict(gemv_warps=16),
     "grouped n128": dict(grouped_n=128),
     "grouped k128": dict(grouped_k=128),
     "grouped m32/128": dict(grouped_m_small=32, grouped_m=128),
@@ -41,6 +42,7 @@ def timed(fn, iters: int = 20) -> float:
     return start.elapsed_time(end) / iters * 1e3
 
 
+@torch.inference_mode()
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 512, 4096])

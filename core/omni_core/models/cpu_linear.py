@@ -153,7 +153,8 @@ def pack_cpu_linears(model: nn.Module, host_kernel: bool | None = None) -> int:
     for module in list(model.modules()):
         if isinstance(module, Experts):
             # every expert in one host-kernel call (native/moe.c) rather than ~6 torch ops each
-            if module.host_packed is None and host_kernel is not False and packing_supported(module.gate_up_proj[0]) and host_moe.preferred():
+            weight = module.gate_up_proj
+            if module.host_packed is None and host_kernel is not False and weight.device.type == "cpu" and weight.dtype == torch.float32 and host_moe.preferred():
                 module.pack_for_host()
                 packed += 1
             continue

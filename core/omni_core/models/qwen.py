@@ -196,6 +196,8 @@ class QwenForCausalLM(nn.Module):
         self._decode_step = (None, None)  # (caches it was built for, kernels.decode_step kernel or None)
         attn = self.model.layers[0].self_attn
         self.kv_cache_spec = KVCacheSpec(config.num_hidden_layers, attn.num_kv_heads, attn.head_dim)
+        axes = self.model.rotary.axes
+        self.rope_axes = 1 if axes is None else int(axes.max()) + 1  # position axes the rotary reads (M-RoPE: 3)
         # MoE layers run in graphs through the fused kernels (kernels.fused_moe), which need triton
         self.supports_cuda_graphs = not self.moe or kernels.triton_available()
 

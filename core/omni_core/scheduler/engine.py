@@ -163,6 +163,9 @@ class AREngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab}) (the vocab size)")
         if len(seq) + request.params.max_tokens > self.max_model_len:
             raise ValueError(f"prompt ({len(seq)} tokens) + max_tokens ({request.params.max_tokens}) exceeds the engine's max_model_len {self.max_model_len}")
+        axes = 1 if seq.rope_positions is None else seq.rope_positions.shape[0]
+        if axes > 1 and axes != getattr(self.model, "rope_axes", 1):
+            raise ValueError(f"rope_positions have {axes} axes; the model's rotary takes {getattr(self.model, 'rope_axes', 1)}")
         if len(seq) + request.params.max_tokens + seq.rope_delta > self.max_position:
             raise ValueError(f"rotary positions of prompt + max_tokens would pass the model's {self.max_position} positions")
         self.requests[seq.request_id] = seq

@@ -122,6 +122,9 @@ class ModelRunner:
             rows = torch.tensor([ids, positions, slots, context_lens, query_lens, rope], dtype=torch.int64).to(dev, non_blocking=True)
             ids_t, pos_t, slots, ctx_t, qlen_t, rope_t = rows.unbind(0)
             model_pos = rope_t if any(s.rope_delta for s in seqs) else None
+            if is_prefill and any(s.rope_positions is not None and p < s.num_prompt_tokens for s, p in zip(seqs, positions, strict=True)):
+                # a prefill step of one prompt token a sequence (the rest was in the prefix cache): its own position
+                model_pos = self._rotary_positions(seqs, query_lens, context_lens).to(dev, non_blocking=True)
             if ahead_ids is not None:
                 ids_t.copy_(ahead_ids)
         else:

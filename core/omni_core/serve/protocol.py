@@ -19,11 +19,14 @@ class VoiceRef(_Body):
     id: str
 
 
+INT64 = 1 << 63
+
+
 class SamplingFields(_Body):
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-INT64, lt=INT64)  # int64, as OpenAI's; larger ones overflowed a step
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, lt=1 << 31)
     repetition_penalty: float | None = Field(None, gt=0.0)
 
     def sampling(self) -> dict[str, Any]:
@@ -61,6 +64,9 @@ class ChatMessage(_Body):
     content: str | list[dict[str, Any]] | None = None
 
 
+StopString = Annotated[str, Field(min_length=1, max_length=256)]
+
+
 class ChatRequest(SamplingFields):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
@@ -70,8 +76,8 @@ class ChatRequest(SamplingFields):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    # up to 4 strings, as OpenAI: the reply ends before the first of them
-    stop: str | list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(None, max_length=4)
+    # a string or up to 4, as OpenAI: the reply ends before the first of them
+    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
 
     def sampling(self) -> dict[str, Any]:
         params = super().sampling()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,13 +77,17 @@ def image_patches(data: bytes, settings: VisionSettings) -> Patches:
     return frames_patches([image], settings, settings.min_pixels, settings.max_pixels)
 
 
+def fitted_size(width: int, height: int, settings: VisionSettings, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """(width, height) a picture of this size is resized to (``smart_resize``)."""
+    h, w = smart_resize(height, width, settings.patch_size * settings.merge_size, min_pixels, max_pixels)
+    return w, h
+
+
 def frames_patches(frames: list, settings: VisionSettings, min_pixels: int, max_pixels: int) -> Patches:
     """PIL frames of one image or video -> patches; a video's frames share the first frame's size."""
     from PIL import Image
 
-    factor = settings.patch_size * settings.merge_size
-    width, height = frames[0].size
-    h, w = smart_resize(height, width, factor, min_pixels, max_pixels)
+    w, h = fitted_size(*frames[0].size, settings, min_pixels, max_pixels)
     arrays = []
     mean = np.asarray(settings.image_mean, dtype=np.float32)[:, None, None]
     std = np.asarray(settings.image_std, dtype=np.float32)[:, None, None]
@@ -108,40 +113,53 @@ def patchify(frames: np.ndarray, settings: VisionSettings) -> Patches:
     return Patches(torch.from_numpy(pixels), (t, gh, gw))
 
 
-def decode_video(data: bytes, fps: float, max_frames: int) -> tuple[list, float]:
-    """Frames sampled at ``fps`` (at most ``max_frames``, evenly spread) and the seconds between them."""
+MAX_VIDEO_FRAMES_DECODED = 20_000  # about 11 minutes at 30 frames a second
+MAX_FRAME_PIXELS = 4096 * 4096  # per decoded frame, checked before decoding
+
+
+def decode_video(data: bytes, fps: float, max_frames: int, fit: Callable[[int, int], tuple[int, int]]) -> tuple[list, float]:
+    """Frames sampled at ``fps`` (the first decoded at or after each sampling time) and the seconds
+    between them. A video longer than ``max_frames`` at ``fps`` keeps every other frame, and so
+    on (the interval doubling each time), so at most ``max_frames`` frames are ever held, each
+    resized at once to ``fit(width, height)``: memory stays bounded whatever the video's length
+    and size."""
     try:
         import av
     except ImportError:
         raise MediaError("video input needs PyAV (pip install av)") from None
+    from PIL import Image
+
+    interval = 1.0 / fps
+    kept: list[tuple[float, object]] = []
+    target = None  # the frame size every kept frame is resized to
+    next_time = None
     try:
         with av.open(io.BytesIO(data)) as container:
             stream = next((s for s in container.streams if s.type == "video"), None)
             if stream is None:
                 raise MediaError("the file holds no video stream")
-            frames = []
-            for frame in container.decode(stream):
-                if frame.time is None:
+            _check_frame_size(stream.codec_context.width, stream.codec_context.height)
+            for decoded, frame in enumerate(container.decode(stream)):
+                if decoded >= MAX_VIDEO_FRAMES_DECODED:
+                    raise MediaError(f"the video has more than {MAX_VIDEO_FRAMES_DECODED} frames")
+                if frame.time is None or (next_time is not None and frame.time < next_time):
                     continue
-                frames.append((float(frame.time), frame.to_image()))
-                if len(frames) > 20_000:
-                    raise MediaError("the video has too many frames (more than 20000)")
+                _check_frame_size(frame.width, frame.height)
+                target = target or fit(frame.width, frame.height)
+                image = frame.to_image().convert("RGB")
+                kept.append((float(frame.time), image if image.size == target else image.resize(target, resample=Image.BICUBIC)))
+                if len(kept) > max_frames:
+                    kept, interval = kept[::2], interval * 2
+                next_time = kept[-1][0] + interval - 1e-6
     except MediaError:
         raise
     except Exception as exc:  # PyAV raises its own error types for anything it cannot decode
         raise MediaError(f"not a video PyAV can decode ({type(exc).__name__})") from None
-    if not frames:
+    if not kept:
         raise MediaError("the video has no frames")
-    start, end = frames[0][0], frames[-1][0]
-    count = int((end - start) * fps) + 1
-    if count <= max_frames:
-        times, interval = [start + i / fps for i in range(count)], 1 / fps
-    else:  # a long video: max_frames spread evenly over it
-        times = list(np.linspace(start, end, max_frames))
-        interval = (end - start) / max(max_frames - 1, 1)
-    picked, j = [], 0
-    for target in times:  # the decoded frame nearest each sampling time
-        while j + 1 < len(frames) and abs(frames[j + 1][0] - target) <= abs(frames[j][0] - target):
-            j += 1
-        picked.append(frames[j][1].convert("RGB"))
-    return picked, interval
+    return [image for _, image in kept], interval
+
+
+def _check_frame_size(width: int, height: int) -> None:
+    if width * height > MAX_FRAME_PIXELS:
+        raise MediaError(f"video frames of {width}x{height} pixels are too large (at most {MAX_FRAME_PIXELS} pixels)")

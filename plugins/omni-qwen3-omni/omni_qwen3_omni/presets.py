@@ -157,6 +157,7 @@ def write_tiny(directory: str | Path, seed: int = 0, special_order: list[str] | 
         config = _config(vocab, eos, sizes)
         torch.manual_seed(seed)
         model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+        _init_left_empty(model, config, seed)
         # several shards, as the real checkpoint has: stages read only the shards of their prefix
         model.save_pretrained(directory, max_shard_size=f"{shard_kb}KB")
     GenerationConfig(eos_token_id=eos, pad_token_id=vocab["<|endoftext|>"]).save_pretrained(directory)
@@ -172,6 +173,19 @@ def write_tiny(directory: str | Path, seed: int = 0, special_order: list[str] | 
     )
     marker.write_text(name)
     return str(directory)
+
+
+def _init_left_empty(model, config, seed: int) -> None:
+    """transformers' initialisation skips the talker's stacked experts (they keep whatever memory
+    ``torch.empty`` gave, NaN at times): random normal weights like the rest, from the seed."""
+    import torch
+
+    std = config.talker_config.text_config.initializer_range
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith("talker.model.") and ".mlp.experts." in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
 def _preprocessor_config() -> dict:

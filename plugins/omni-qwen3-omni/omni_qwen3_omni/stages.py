@@ -16,7 +16,7 @@ from omni_core.serve.exceptions import InvalidInput
 
 from .audio_encoder import AudioEncoder, audio_rows
 from .config import OmniCheckpoint, load_tokenizer
-from .media import MediaError, decode_video, frames_patches, image_patches
+from .media import MediaError, decode_video, fitted_size, frames_patches, image_patches
 from .prompt import MediaItem, expand, media_index, render
 from .text import TextStream
 from .thinker import PromptMedia, ThinkerLM
@@ -38,6 +38,8 @@ class Preprocessor:
         payload = message.payload
         if payload.get("task") != "chat":
             raise InvalidInput(f"qwen3-omni serves chat, not {payload.get('task')!r}")
+        if "audio" in (payload.get("modalities") or ()):
+            raise InvalidInput('qwen3-omni does not speak yet: ask for modalities ["text"]', "modalities")
         media, clips, visual, digest = self._media(payload["messages"])
         try:
             prompt = expand(self.ckpt, render(self.ckpt, self.tokenizer, payload["messages"]), media)
@@ -82,28 +84,31 @@ class Preprocessor:
                 try:
                     if kind == "audio":
                         samples = torch.as_tensor(part["audio"], dtype=torch.float32).reshape(-1)
-                        if samples.numel() < audio.hop_length or not bool(torch.isfinite(samples).all()):
-                            raise MediaError("the audio is shorter than 10 ms or not finite")
+                        if samples.numel() < audio.n_fft or not bool(torch.isfinite(samples).all()):
+                            raise MediaError(f"the audio is shorter than {audio.n_fft} samples ({audio.n_fft / audio.sampling_rate * 1000:.0f} ms) or not finite")
                         if samples.numel() > audio.max_samples:
                             raise MediaError(f"the audio lasts more than {audio.max_samples / audio.sampling_rate:.0f} s")
                         rows = audio_rows(samples.numel(), audio.hop_length, self.ckpt.audio_config.n_window)
                         clips.append(samples)
                         media.append(MediaItem("audio", rows))
-                        digest.update(b"audio" + samples.numpy().tobytes())
+                        digest.update(repr(("audio", samples.numel())).encode() + samples.numpy().tobytes())
                         continue
                     if kind == "image":
                         patches = image_patches(part["image"], vision)
                         seconds = 0.0
                     else:
-                        frames, interval = decode_video(part["video"], self.limits["video_fps"], self.limits["video_max_frames"])
-                        patches = frames_patches(frames, vision, self.limits["video_min_pixels"], self.limits["video_max_pixels"])
+                        bounds = self.limits["video_min_pixels"], self.limits["video_max_pixels"]
+                        frames, interval = decode_video(part["video"], self.limits["video_fps"], self.limits["video_max_frames"],
+                                                        lambda w, h, bounds=bounds: fitted_size(w, h, vision, *bounds))
+                        patches = frames_patches(frames, vision, *bounds)
                         seconds = interval * vision.temporal_patch_size
                 except MediaError as exc:
                     raise InvalidInput(f"{where}: {exc}", where) from None
                 t, h, w = patches.grid
                 visual.append(patches)
                 media.append(MediaItem(kind, t * h * w // vision.merge_size**2, patches.grid, seconds))
-                digest.update(kind.encode() + repr(patches.grid).encode() + patches.pixels.numpy().tobytes())
+                # each part's kind, shape and timing, then its content: no two different prompts digest alike
+                digest.update(repr((kind, patches.grid, seconds)).encode() + patches.pixels.numpy().tobytes())
         return media, clips, visual, digest
 
 
@@ -163,13 +168,16 @@ class ThinkerWorker(ARStageWorker):
         self.defaults = defaults
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.max_position = int(ckpt.text_config.max_position_embeddings)
         self.streams: dict[str, tuple[TextStream, int]] = {}
 
     def make_request(self, message: Message) -> EngineRequest:
         parts = message.payload
         prompt = parts["prompt"]
         ids = prompt["token_ids"]
-        params, stop = self._sampling(prompt.get("sampling") or {}, len(ids))
+        positions = prompt.get("rope_positions")
+        delta = 0 if positions is None else int(positions.max()) + 1 - len(ids)
+        params, stop = self._sampling(prompt.get("sampling") or {}, len(ids), delta)
         extras: dict[str, Any] = {}
         key = None
         if prompt["media"]:
@@ -182,7 +190,7 @@ class ThinkerWorker(ARStageWorker):
             params=params,
             extras=extras,
             prefix_key=key,
-            rope_positions=prompt.get("rope_positions"),
+            rope_positions=positions,
         )
 
     def _media(self, kinds: list[str], parts: dict, ids: list[int]) -> PromptMedia:
@@ -198,14 +206,16 @@ class ThinkerWorker(ARStageWorker):
         m = self.ckpt.vision.merge_size
         return [t * h * w // m**2 for t, h, w in vision["grids"]]
 
-    def _sampling(self, values: dict[str, Any], prompt_len: int) -> tuple[SamplingParams, list[str]]:
+    def _sampling(self, values: dict[str, Any], prompt_len: int, delta: int = 0) -> tuple[SamplingParams, list[str]]:
+        """SamplingParams and stop strings; ``delta``: how far generated tokens' rotary positions run
+        past their index (a long video's positions can), which the model's position table bounds."""
         unknown = set(values) - SAMPLING_KEYS
         if unknown:
             raise InvalidInput(f"unknown sampling options {sorted(unknown)}; known: {sorted(SAMPLING_KEYS)}")
         merged = {**self.defaults, **{k: v for k, v in values.items() if v is not None}}
         stop = merged.pop("stop", None) or []
         stop = [stop] if isinstance(stop, str) else list(stop)
-        room = (self.max_model_len or 1 << 30) - prompt_len
+        room = min((self.max_model_len or 1 << 30) - prompt_len, self.max_position - prompt_len - delta)
         if room < 1:
             raise InvalidInput(f"messages: the prompt takes {prompt_len} tokens; the model takes at most {self.max_model_len - 1}")
         merged.setdefault("max_tokens", room)
@@ -213,8 +223,8 @@ class ThinkerWorker(ARStageWorker):
             raise InvalidInput(
                 f"max_tokens: the prompt takes {prompt_len} tokens and the model {self.max_model_len}: at most {room} more"
             )
-        if merged.get("seed") is None:
-            merged["seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        seed = merged.get("seed")
+        merged["seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF if seed is None else int(seed) % (1 << 63)
         return SamplingParams(stop_token_ids=list(self.ckpt.tokens.eos), **merged), stop
 
     def on_output(self, request_id, new_token_ids, finished, step_outputs, emit) -> bool:

@@ -106,3 +106,33 @@ def test_positions_past_the_model_are_refused(mrope_model):
         engine.add_request(request("far", far))
     with pytest.raises(ValueError, match="rope_positions must be"):
         engine.add_request(request("bad", torch.arange(PROMPT - 1)))
+
+
+def test_axes_must_match_the_model(mrope_model, tiny_model):
+    engine = AREngine(mrope_model, EngineConfig(block_size=8))
+    with pytest.raises(ValueError, match="2 axes"):
+        engine.add_request(request("two", torch.arange(PROMPT).expand(2, -1)))
+    plain = AREngine(tiny_model, EngineConfig(block_size=8))  # one-axis rotary
+    with pytest.raises(ValueError, match="3 axes"):
+        plain.add_request(EngineRequest("m", prompt_token_ids=list(range(3, 3 + PROMPT)), rope_positions=grid_positions()))
+
+
+def test_a_last_prompt_token_prefilled_alone_takes_its_own_position(mrope_model):
+    """After a prefix-cache hit only the prompt's last token is prefilled, in a step of one token a
+    sequence; where that token is inside a grid its position is not its index plus the offset."""
+    length = 17
+    text = torch.arange(5).expand(3, -1)
+    grid = torch.stack([torch.zeros(12, dtype=torch.long), torch.arange(3).repeat_interleave(4), torch.arange(4).repeat(3)]) + 5
+    positions = torch.cat([text, grid], dim=1)  # the last token is the grid's last cell: (5, 7, 8), not 8 on every axis
+    prompt = list(range(3, 3 + length))
+    engine = AREngine(mrope_model, EngineConfig(block_size=8))
+    tokens = {}
+    for rid in ("first", "second"):
+        engine.add_request(EngineRequest(rid, prompt_token_ids=prompt, rope_positions=positions, prefix_key="grid",
+                                         params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)))
+        tokens[rid] = []
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens[rid] += out.new_token_ids
+    assert engine.stats()["prefix_cache_hit_tokens"] == 16
+    assert tokens["second"] == tokens["first"]

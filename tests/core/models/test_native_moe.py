@@ -47,3 +47,11 @@ def test_engine_packs_moe_layers():
     assert all(m.host_packed is not None for m in experts)
     out = engine.generate([[1, 2, 3], [4, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert [len(o.token_ids) for o in out] == [8, 8]  # tokens equal transformers': test_qwen_parity (Qwen3MoeForCausalLM)
+
+
+def test_bad_expert_ids_are_refused_not_read():
+    block = _block()
+    block.experts.pack_for_host()
+    ids = torch.tensor([[0, 16]])  # 16 experts: id 16 is past the last
+    with pytest.raises(ValueError, match="expert ids"):
+        block.experts(torch.randn(1, 64), ids, torch.ones(1, 2))

@@ -130,10 +130,10 @@ def test_audio_encoder_equals_transformers(stages, hf_thinker):
 
 
 def test_vision_encoder_equals_transformers(stages, hf_thinker):
-    from omni_qwen3_omni.media import decode_video, frames_patches, image_patches
+    from omni_qwen3_omni.media import decode_video, fitted_size, frames_patches, image_patches
 
     v = stages.ckpt.vision
-    frames, _ = decode_video(mp4(), 2.0, 8)
+    frames, _ = decode_video(mp4(), 2.0, 8, lambda w, h: fitted_size(w, h, v, 3136, 16384))
     parts = [image_patches(png(64, 96), v), frames_patches(frames, v, 3136, 16384), image_patches(png(130, 77, seed=1), v)]
     patches, grids = torch.cat([p.pixels for p in parts]), [p.grid for p in parts]
     tokens, deep = stages.vision.model(patches, grids)

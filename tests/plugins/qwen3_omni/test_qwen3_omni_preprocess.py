@@ -103,14 +103,19 @@ def test_text_only_prompt_has_plain_positions(ckpt):
 
 
 def test_video_frames_sampled_at_the_requested_rate(ckpt):
-    from omni_qwen3_omni.media import decode_video, frames_patches
+    from omni_qwen3_omni.media import decode_video, fitted_size, frames_patches
 
-    frames, interval = decode_video(mp4(frames=16, fps=8), fps=2.0, max_frames=64)
+    def fit(w, h):
+        return fitted_size(w, h, ckpt.vision, 3136, 16384)
+
+    frames, interval = decode_video(mp4(frames=16, fps=8), fps=2.0, max_frames=64, fit=fit)
     assert len(frames) == 4 and interval == pytest.approx(0.5)  # 2 s of video: frames at 0, 0.5, 1, 1.5 s
+    assert all(f.size == fit(64, 48) for f in frames)  # resized as they are decoded
     patches = frames_patches(frames, ckpt.vision, 3136, 16384)
     assert patches.grid[0] == 2  # two steps of two frames
-    few, spread = decode_video(mp4(frames=40, fps=8), fps=2.0, max_frames=3)
-    assert len(few) == 3 and spread == pytest.approx(39 / 8 / 2)
+    # 5 s at 2 frames a second is 10 frames; with at most 3 the interval doubles until they fit
+    few, spread = decode_video(mp4(frames=40, fps=8), fps=2.0, max_frames=3, fit=fit)
+    assert len(few) == 3 and spread == pytest.approx(2.0)
 
 
 def _png_header_only(width: int, height: int) -> bytes:
@@ -132,8 +137,9 @@ def _png_header_only(width: int, height: int) -> bytes:
         ({"type": "image", "image": _png_header_only(10_000, 7_000)}, "too large"),  # ours, before decoding
         ({"type": "image", "image": png(4, 1000)}, "aspect ratio"),
         ({"type": "video", "video": b"\x00" * 1000}, "not a video"),
+        ({"type": "video", "video": mp4(frames=2, size=(4112, 4112))}, "too large"),  # refused before decoding a frame
         ({"type": "audio", "audio": torch.full((16000,), float("nan"))}, "not finite"),
-        ({"type": "audio", "audio": torch.zeros(10)}, "shorter than 10 ms"),
+        ({"type": "audio", "audio": torch.zeros(200)}, "shorter than 400 samples"),  # the STFT needs a window
         ({"type": "sticker", "sticker": b""}, "not 'sticker'"),
     ],
 )

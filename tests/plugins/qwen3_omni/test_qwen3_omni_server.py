@@ -139,6 +139,23 @@ def test_limits_are_400s(client):
         client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": "hi"}], stop=["a", "b", "c", "d", "e"])
 
 
+def test_audio_replies_are_refused_until_the_family_speaks(client):
+    with pytest.raises(openai.BadRequestError, match="does not speak yet"):
+        client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": "hi"}], modalities=["text", "audio"],
+                                       audio={"format": "wav"}, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="unknown voice 'chelsie'"):  # no voices to pick from yet
+        client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": "hi"}], modalities=["text", "audio"],
+                                       audio={"voice": "chelsie", "format": "wav"}, max_tokens=4)
+
+
+def test_big_seeds_and_long_stop_strings(client):
+    reply = client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=(1 << 63) - 1,
+                                           stop="a stop string longer than four characters")
+    assert reply.usage.completion_tokens >= 1
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=1 << 64)
+
+
 def test_server_healthy_and_every_kv_block_free_after(server, client):
     test_bad_parts_are_400_naming_the_part(client, *BAD[1])
     reply = client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": "still there?"}], max_tokens=3)

@@ -84,3 +84,24 @@ def test_code2wav_whole_and_in_chunks(ckpt, hf_model):
         pieces.append(ours.decode_chunk(codes[..., start - context : end], context))
         start = end
     torch.testing.assert_close(torch.cat(pieces, -1), whole)
+
+
+def test_preset_weights_are_set_where_transformers_leaves_memory_uninitialised(tmp_path, monkeypatch):
+    """transformers does not initialise the talker's stacked experts: the preset sets them itself
+    (here every fresh tensor starts as NaN, as uninitialised memory sometimes is)."""
+    from omni_qwen3_omni.presets import write_tiny
+    from safetensors.torch import load_file
+
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    path = write_tiny(tmp_path / "preset")
+    monkeypatch.undo()
+    tensors = {k: v for f in sorted((tmp_path / "preset").glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert any(".experts." in k and k.startswith("talker.") for k in tensors)
+    assert [k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()] == []
+    assert path == str(tmp_path / "preset")

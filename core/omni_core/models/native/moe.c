@@ -23,22 +23,38 @@ void pack_experts_f32(const float *gate_up, const float *down, int64_t experts, 
     }
 }
 
-/* x [tokens][hidden]; ids, weights [tokens][top_k]; out [tokens][hidden] (overwritten). scratch:
- * tokens * top_k * (2 * hidden + 3 * inter) floats. */
-void moe_f32(const float *x, int64_t tokens, int64_t hidden, const int64_t *ids, const float *weights, int64_t top_k,
-             const float *gate_up_packed, const float *down_packed, int64_t experts, int64_t inter, float *scratch,
-             int64_t *order, float *out) {
+/* x [tokens][hidden]; ids, weights [tokens][top_k]; out [tokens][hidden] (overwritten). Returns 0,
+ * -1 for an expert id outside [0, experts) (nothing written), -2 when memory runs out. Scratch is
+ * sized for the busiest expert's rows. */
+int moe_f32(const float *x, int64_t tokens, int64_t hidden, const int64_t *ids, const float *weights, int64_t top_k,
+            const float *gate_up_packed, const float *down_packed, int64_t experts, int64_t inter, float *out) {
     const int64_t pairs = tokens * top_k;
     const int64_t gu_size = (2 * inter + PANEL - 1) / PANEL * PANEL * hidden;
     const int64_t d_size = (hidden + PANEL - 1) / PANEL * PANEL * inter;
+    for (int64_t p = 0; p < pairs; p++)
+        if (ids[p] < 0 || ids[p] >= experts) return -1;
     int64_t *start = calloc((size_t)experts + 1, sizeof(int64_t));
-    for (int64_t p = 0; p < pairs; p++) start[ids[p] + 1]++;
-    for (int64_t e = 0; e < experts; e++) start[e + 1] += start[e];
     int64_t *fill = malloc(sizeof(int64_t) * (size_t)experts);
+    int64_t *order = malloc(sizeof(int64_t) * (size_t)(pairs ? pairs : 1));
+    if (!start || !fill || !order) {
+        free(start), free(fill), free(order);
+        return -2;
+    }
+    for (int64_t p = 0; p < pairs; p++) start[ids[p] + 1]++;
+    int64_t busiest = 0;
+    for (int64_t e = 0; e < experts; e++) {
+        if (start[e + 1] > busiest) busiest = start[e + 1];
+        start[e + 1] += start[e];
+    }
     memcpy(fill, start, sizeof(int64_t) * (size_t)experts);
     for (int64_t p = 0; p < pairs; p++) order[fill[ids[p]]++] = p;  /* stable: pairs in token order within an expert */
+    float *rows = malloc(sizeof(float) * (size_t)(busiest * (2 * hidden + 3 * inter) + 1));
+    if (!rows) {
+        free(start), free(fill), free(order);
+        return -2;
+    }
     memset(out, 0, sizeof(float) * (size_t)(tokens * hidden));
-    float *rows = scratch, *gate_up = rows + pairs * hidden, *act = gate_up + pairs * 2 * inter, *y = act + pairs * inter;
+    float *gate_up = rows + busiest * hidden, *act = gate_up + busiest * 2 * inter, *y = act + busiest * inter;
     for (int64_t e = 0; e < experts; e++) {
         const int64_t first = start[e], count = start[e + 1] - start[e];
         if (!count) continue;
@@ -59,6 +75,6 @@ void moe_f32(const float *x, int64_t tokens, int64_t hidden, const int64_t *ids,
             for (int64_t h = 0; h < hidden; h++) o[h] += w * v[h];
         }
     }
-    free(fill);
-    free(start);
+    free(rows), free(order), free(fill), free(start);
+    return 0;
 }

@@ -17,7 +17,7 @@ def _functions():
     """(pack, run) from ``moe.c``, or None where it cannot be built."""
     p, i = ctypes.c_void_p, ctypes.c_int64
     pack = native.function("moe", "pack_experts_f32", [p, p, i, i, i, p, p])
-    run = native.function("moe", "moe_f32", [p, i, i, p, p, i, p, p, i, i, p, p, p])
+    run = native.function("moe", "moe_f32", [p, i, i, p, p, i, p, p, i, i, p], ctypes.c_int)
     return None if pack is None or run is None else (pack, run)
 
 
@@ -40,15 +40,18 @@ def pack(gate_up: torch.Tensor, down: torch.Tensor) -> tuple[torch.Tensor, torch
 def experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up_packed: torch.Tensor, down_packed: torch.Tensor,
             inter: int) -> torch.Tensor:
     """sum over a token's experts of weight * down(silu(gate(x)) * up(x)); x [T, H] float32 on the host."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise TypeError(f"the host experts kernel takes float32 CPU inputs, not {x.dtype} on {x.device}")
     tokens, hidden = x.shape
     top_k = ids.shape[1]
     x = x.contiguous()
     ids = ids.to(torch.int64).contiguous()
     weights = weights.to(torch.float32).contiguous()
-    pairs = tokens * top_k
-    scratch = torch.empty(pairs * (2 * hidden + 3 * inter))
-    order = torch.empty(pairs, dtype=torch.int64)
     out = torch.empty(tokens, hidden)
-    _functions()[1](x.data_ptr(), tokens, hidden, ids.data_ptr(), weights.data_ptr(), top_k, gate_up_packed.data_ptr(),
-                    down_packed.data_ptr(), gate_up_packed.shape[0], inter, scratch.data_ptr(), order.data_ptr(), out.data_ptr())
+    status = _functions()[1](x.data_ptr(), tokens, hidden, ids.data_ptr(), weights.data_ptr(), top_k, gate_up_packed.data_ptr(),
+                             down_packed.data_ptr(), gate_up_packed.shape[0], inter, out.data_ptr())
+    if status == -1:
+        raise ValueError(f"expert ids must be in [0, {gate_up_packed.shape[0]})")
+    if status:
+        raise MemoryError("the host experts kernel could not allocate its scratch")
     return out
