@@ -16,7 +16,7 @@ from omni_core.serve.exceptions import InvalidInput
 
 from .audio_encoder import AudioEncoder, audio_rows
 from .config import OmniCheckpoint, load_tokenizer
-from .media import MediaError, decode_video, fitted_size, frames_patches, image_patches
+from .media import MediaError, Patches, decode_video, fitted_size, frames_patches, image_patches
 from .prompt import MediaItem, expand, media_index, render
 from .text import TextStream
 from .thinker import PromptMedia, ThinkerLM
@@ -64,8 +64,8 @@ class Preprocessor:
             emit("vision", {"patches": torch.cat([p.pixels for p in visual]), "grids": [list(p.grid) for p in visual]})
 
     def _media(self, messages: list[dict]):
-        vision = self.ckpt.vision
-        audio = self.ckpt.audio
+        """Every media part in prompt order: its prompt item, the audio clips, the visual patches
+        and a digest of all of it (the prefix cache's key)."""
         media: list[MediaItem] = []
         clips, visual = [], []
         digest = hashlib.sha256()
@@ -82,34 +82,37 @@ class Preprocessor:
                 if counts[kind] > most:
                     raise InvalidInput(f"{where}: at most {most} {kind} part(s) a request", where)
                 try:
-                    if kind == "audio":
-                        samples = torch.as_tensor(part["audio"], dtype=torch.float32).reshape(-1)
-                        if samples.numel() < audio.n_fft or not bool(torch.isfinite(samples).all()):
-                            raise MediaError(f"the audio is shorter than {audio.n_fft} samples ({audio.n_fft / audio.sampling_rate * 1000:.0f} ms) or not finite")
-                        if samples.numel() > audio.max_samples:
-                            raise MediaError(f"the audio lasts more than {audio.max_samples / audio.sampling_rate:.0f} s")
-                        rows = audio_rows(samples.numel(), audio.hop_length, self.ckpt.audio_config.n_window)
-                        clips.append(samples)
-                        media.append(MediaItem("audio", rows))
-                        digest.update(repr(("audio", samples.numel())).encode() + samples.numpy().tobytes())
-                        continue
-                    if kind == "image":
-                        patches = image_patches(part["image"], vision)
-                        seconds = 0.0
-                    else:
-                        bounds = self.limits["video_min_pixels"], self.limits["video_max_pixels"]
-                        frames, interval = decode_video(part["video"], self.limits["video_fps"], self.limits["video_max_frames"],
-                                                        lambda w, h, bounds=bounds: fitted_size(w, h, vision, *bounds))
-                        patches = frames_patches(frames, vision, *bounds)
-                        seconds = interval * vision.temporal_patch_size
+                    item, content = self._audio(part) if kind == "audio" else self._visual(kind, part)
                 except MediaError as exc:
                     raise InvalidInput(f"{where}: {exc}", where) from None
-                t, h, w = patches.grid
-                visual.append(patches)
-                media.append(MediaItem(kind, t * h * w // vision.merge_size**2, patches.grid, seconds))
+                media.append(item)
+                (clips if kind == "audio" else visual).append(content)
                 # each part's kind, shape and timing, then its content: no two different prompts digest alike
-                digest.update(repr((kind, patches.grid, seconds)).encode() + patches.pixels.numpy().tobytes())
+                pixels = content if kind == "audio" else content.pixels
+                digest.update(repr((kind, item.rows, item.grid, item.seconds_per_grid)).encode() + pixels.numpy().tobytes())
         return media, clips, visual, digest
+
+    def _audio(self, part: dict) -> tuple[MediaItem, torch.Tensor]:
+        settings = self.ckpt.audio
+        samples = torch.as_tensor(part["audio"], dtype=torch.float32).reshape(-1)
+        if samples.numel() < settings.n_fft or not bool(torch.isfinite(samples).all()):
+            milliseconds = settings.n_fft / settings.sampling_rate * 1000
+            raise MediaError(f"the audio is shorter than {settings.n_fft} samples ({milliseconds:.0f} ms) or not finite")
+        if samples.numel() > settings.max_samples:
+            raise MediaError(f"the audio lasts more than {settings.max_samples / settings.sampling_rate:.0f} s")
+        return MediaItem("audio", audio_rows(samples.numel(), settings.hop_length, self.ckpt.audio_config.n_window)), samples
+
+    def _visual(self, kind: str, part: dict) -> tuple[MediaItem, Patches]:
+        vision = self.ckpt.vision
+        if kind == "image":
+            patches, seconds = image_patches(part["image"], vision), 0.0
+        else:
+            bounds = self.limits["video_min_pixels"], self.limits["video_max_pixels"]
+            frames, interval = decode_video(part["video"], self.limits["video_fps"], self.limits["video_max_frames"],
+                                            lambda w, h: fitted_size(w, h, vision, *bounds))
+            patches, seconds = frames_patches(frames, vision, *bounds), interval * vision.temporal_patch_size
+        t, h, w = patches.grid
+        return MediaItem(kind, t * h * w // vision.merge_size**2, patches.grid, seconds), patches
 
 
 class AudioEncoderWorker:
