@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 
-@lru_cache(maxsize=8)
-def mel_filters(n_mels: int, n_fft: int = 400, sample_rate: int = 16000) -> torch.Tensor:
+@lru_cache(maxsize=16)
+def mel_filters(n_mels: int, n_fft: int = 400, sample_rate: int = 16000, device: str = "cpu") -> torch.Tensor:
     """[n_mels, 1 + n_fft // 2] Slaney-scale, Slaney-normalised filters from 0 Hz to Nyquist."""
     from transformers.audio_utils import mel_filter_bank
 
@@ -26,12 +26,12 @@ def mel_filters(n_mels: int, n_fft: int = 400, sample_rate: int = 16000) -> torc
         norm="slaney",
         mel_scale="slaney",
     )
-    return torch.from_numpy(np.ascontiguousarray(bank.T)).float()
+    return torch.from_numpy(np.ascontiguousarray(bank.T)).float().to(device)
 
 
-@lru_cache(maxsize=4)
-def _window(n_fft: int) -> torch.Tensor:
-    return torch.hann_window(n_fft)
+@lru_cache(maxsize=8)
+def _window(n_fft: int, device: str) -> torch.Tensor:
+    return torch.hann_window(n_fft, device=device)
 
 
 def log_mel(audio: torch.Tensor, n_mels: int, n_fft: int = 400, hop: int = 160, sample_rate: int = 16000) -> torch.Tensor:
@@ -39,9 +39,10 @@ def log_mel(audio: torch.Tensor, n_mels: int, n_fft: int = 400, hop: int = 160, 
     is clamped against its own maximum."""
     single = audio.dim() == 1
     clips = audio.float()[None] if single else audio.float()
-    spec = torch.stft(clips, n_fft, hop, window=_window(n_fft).to(clips.device), return_complex=True)
+    device = str(clips.device)  # filters and window cached per device: no copy per call
+    spec = torch.stft(clips, n_fft, hop, window=_window(n_fft, device), return_complex=True)
     power = spec[..., :-1].abs().square()
-    mel = torch.clamp(mel_filters(n_mels, n_fft, sample_rate).to(clips.device) @ power, min=1e-10).log10()
+    mel = torch.clamp(mel_filters(n_mels, n_fft, sample_rate, device) @ power, min=1e-10).log10()
     mel = torch.maximum(mel, mel.amax(dim=(1, 2), keepdim=True) - 8.0)
     mel = (mel + 4.0) / 4.0
     return mel[0] if single else mel

@@ -36,9 +36,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; expert_ids, weights [T, k]. Tokens are sorted by expert, so each expert runs
-        one matmul over exactly the tokens routed to it; or, where most experts have few tokens
-        (decode steps of a batch), all experts run in two batched matmuls over their tokens
-        padded to the busiest expert's count: two ops a layer instead of about six per expert."""
+        one matmul over exactly the tokens routed to it (on the host kernel where packed)."""
         if self.host_packed is not None:
             from omni_core.models.native import moe as host_moe
 
@@ -47,14 +45,10 @@ class Experts(nn.Module):
         flat = expert_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token_of = order // k
-        counts = torch.bincount(flat, minlength=self.num_experts)
-        busiest = int(counts.max())  # one sync per layer
-        active = int((counts > 0).sum())
-        if 2 * active >= self.num_experts and busiest * self.num_experts <= 4 * flat.numel():
-            return self._batched(x, order, token_of, counts, busiest, weights)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # one sync per layer
         out = torch.zeros_like(x)
         start = 0
-        for expert, count in enumerate(counts.tolist()):
+        for expert, count in enumerate(counts):
             if count == 0:
                 continue
             rows = order[start : start + count]
@@ -63,20 +57,6 @@ class Experts(nn.Module):
             gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
             y = F.linear(F.silu(gate) * up, self.down_proj[expert])
             out.index_add_(0, tokens, y * weights.reshape(-1)[rows, None].to(y.dtype))
-        return out
-
-    def _batched(self, x, order, token_of, counts, busiest, weights) -> torch.Tensor:
-        E = self.num_experts
-        starts = counts.cumsum(0) - counts
-        expert_of = torch.repeat_interleave(torch.arange(E, device=x.device), counts)
-        slot = expert_of * busiest + torch.arange(order.numel(), device=x.device) - starts[expert_of]  # [E * busiest] layout
-        padded = x.new_zeros(E * busiest, x.shape[1])
-        padded[slot] = x[token_of]
-        gate_up = torch.bmm(padded.view(E, busiest, -1), self.gate_up_proj.transpose(1, 2))
-        gate, up = gate_up.chunk(2, dim=-1)
-        y = torch.bmm(F.silu(gate) * up, self.down_proj.transpose(1, 2)).view(E * busiest, -1)[slot]
-        out = torch.zeros_like(x)
-        out.index_add_(0, token_of, y * weights.reshape(-1)[order, None].to(y.dtype))
         return out
 
 

@@ -118,13 +118,8 @@ class ModelRunner:
             # one token per sequence (decode): every per-token list is per sequence, slots come
             # straight from the block tables, and all of it goes over in one tensor
             ids, positions, slots, context_lens = self._decode_rows(seqs, ahead_ids is not None)
-            rope = [p + s.rope_delta for s, p in zip(seqs, positions, strict=True)]
-            rows = torch.tensor([ids, positions, slots, context_lens, query_lens, rope], dtype=torch.int64).to(dev, non_blocking=True)
-            ids_t, pos_t, slots, ctx_t, qlen_t, rope_t = rows.unbind(0)
-            model_pos = rope_t if any(s.rope_delta for s in seqs) else None
-            if is_prefill and any(s.rope_positions is not None and p < s.num_prompt_tokens for s, p in zip(seqs, positions, strict=True)):
-                # a prefill step of one prompt token a sequence (the rest was in the prefix cache): its own position
-                model_pos = self._rotary_positions(seqs, query_lens, context_lens).to(dev, non_blocking=True)
+            rows = torch.tensor([ids, positions, slots, context_lens, query_lens], dtype=torch.int64).to(dev, non_blocking=True)
+            ids_t, pos_t, slots, ctx_t, qlen_t = rows.unbind(0)
             if ahead_ids is not None:
                 ids_t.copy_(ahead_ids)
         else:
@@ -140,10 +135,10 @@ class ModelRunner:
             ids_t = torch.tensor(ids, dtype=torch.int64)
             ctx_t = torch.tensor(context_lens, dtype=torch.int64)
             qlen_t = torch.tensor(query_lens, dtype=torch.int64)
-            model_pos = self._rotary_positions(seqs, query_lens, context_lens)
-            if model_pos is not None:
-                model_pos = model_pos.to(dev, non_blocking=True)
             ids_t, pos_t, slots, ctx_t, qlen_t = (t.to(dev, non_blocking=True) for t in (ids_t, pos_t, slots, ctx_t, qlen_t))
+        model_pos = self._rotary_positions(seqs, query_lens, context_lens)
+        if model_pos is not None:
+            model_pos = model_pos.to(dev, non_blocking=True)
         meta = AttentionMetadata(
             slot_mapping=slots,
             block_tables=block_tables.to(dev, non_blocking=True),
@@ -172,6 +167,9 @@ class ModelRunner:
         (the others repeat theirs on every axis), else ``[T]``; None where none differ."""
         if all(s.rope_positions is None and not s.rope_delta for s in seqs):
             return None
+        if all(n == 1 and c > s.num_prompt_tokens for s, n, c in zip(seqs, query_lens, context_lens, strict=True)):
+            # generated tokens only (decode): one position each, the index plus the offset
+            return torch.tensor([c - 1 + s.rope_delta for s, c in zip(seqs, context_lens, strict=True)], dtype=torch.int64)
         parts = [s.rotary_positions(c - n, c) for s, n, c in zip(seqs, query_lens, context_lens, strict=True)]
         axes = max(p.shape[0] if p.dim() == 2 else 1 for p in parts)
         if axes == 1:
@@ -401,8 +399,10 @@ class ModelRunner:
         ids_t = st["ids"][:n]
         # in-graph lookup: the view is filled when the graph replays (no hook reads it before)
         embeds = st["embeds"][:n] if self.embed_in_graph else self.model.embed(ids_t)
-        # hooks see cache positions; they differ from the graph's where a sequence has a rope offset
-        index_positions = to_device(torch.tensor(positions), self.device) if rope != positions else st["positions"][:n]
+        # hooks see cache positions, which differ from the graph's where a sequence has a rope offset
+        # (a copy only where a hook can read them)
+        hooks_need_own = rope != positions and self.hooks
+        index_positions = to_device(torch.tensor(positions), self.device) if hooks_need_own else st["positions"][:n]
         return ids_t, index_positions, embeds, meta, [1] * n
 
     @torch.inference_mode()

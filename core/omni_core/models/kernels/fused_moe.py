@@ -194,12 +194,12 @@ def experts_forward(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     inter = two_i // 2
     top_k = ids.shape[1]
     pairs = T * top_k
-    out = torch.empty(T, H, dtype=x.dtype, device=x.device)
     if T == 0:
-        return out
+        return torch.empty(T, H, dtype=x.dtype, device=x.device)
     x = x.contiguous()
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     if pairs <= GEMV_MAX_PAIRS:
+        out = torch.empty(T, H, dtype=x.dtype, device=x.device)
         _gemv_gate_up_kernel[(pairs, triton.cdiv(inter, t["gemv_gate_up_n"]))](
             x, gate_up, ids, act, H, inter, top_k, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
             BLOCK_N=t["gemv_gate_up_n"], BLOCK_K=t["gemv_k"], num_warps=t["gemv_warps"])
