@@ -21,11 +21,11 @@ def output_length(frames: int, n_window: int) -> int:
     """Rows the encoder gives for ``frames`` mel frames (what the prompt's placeholder count is)."""
     chunk = 2 * n_window
     tail = frames % chunk
-    tail_rows = ((((tail - 1) // 2 + 1) - 1) // 2 + 1 - 1) // 2 + 1 if tail else 0
-    return tail_rows + (frames // chunk) * _chunk_rows(chunk)
+    return (_chunk_rows(tail) if tail else 0) + (frames // chunk) * _chunk_rows(chunk)
 
 
 def _chunk_rows(frames: int) -> int:
+    """Rows of one chunk: three stride-2 convolutions."""
     for _ in range(3):
         frames = (frames - 1) // 2 + 1
     return frames

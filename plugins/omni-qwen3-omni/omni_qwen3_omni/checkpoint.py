@@ -84,25 +84,8 @@ def load_vision_encoder(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -
     return model.eval()
 
 
-# The speech half (talker, code predictor, code2wav) reads the whole model's configs
-# (``talker_config``, ``code2wav_config``), which a thinker-only config.json does not have.
-
-
-def _speech_config(ckpt: OmniCheckpoint, name: str):
-    from transformers import AutoConfig
-
-    from .config import quiet_transformers
-
-    with quiet_transformers():
-        config = AutoConfig.from_pretrained(ckpt.path)
-    part = getattr(config, name, None)
-    if part is None:
-        raise CheckpointError(f"{ckpt.path} has no {name} (a thinker-only checkpoint: no speech out)")
-    return part
-
-
 def load_talker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> tuple[TalkerLM, TalkerProjections]:
-    config = _speech_config(ckpt, "talker_config")
+    config = ckpt.speech_config("talker_config")
     with _constructing(device, dtype):
         model, projections = TalkerLM(config.text_config).eval(), TalkerProjections(config).eval()
     weights = itertools.chain(iter_safetensors(ckpt.path, "talker.model."), iter_safetensors(ckpt.path, "talker.codec_head."))
@@ -113,7 +96,7 @@ def load_talker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> tuple[
 
 
 def load_code_predictor(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> CodePredictor:
-    config = _speech_config(ckpt, "talker_config").code_predictor_config
+    config = ckpt.speech_config("talker_config").code_predictor_config
     with _constructing(device, dtype):
         model = CodePredictor(config).eval()
     load_weights(model, iter_safetensors(ckpt.path, "talker.code_predictor."), strip_prefix="talker.code_predictor.")
@@ -122,6 +105,6 @@ def load_code_predictor(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -
 
 def load_code2wav(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> Code2Wav:
     with _constructing(device, dtype):
-        model = Code2Wav(_speech_config(ckpt, "code2wav_config")).eval()
+        model = Code2Wav(ckpt.speech_config("code2wav_config")).eval()
     load_weights(model, iter_safetensors(ckpt.path, "code2wav."), strip_prefix="code2wav.")
     return model

@@ -16,7 +16,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from omni_core.models.layers import RotaryEmbedding, apply_rotary
+from omni_core.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 from torch import nn
 
 
@@ -103,18 +103,6 @@ class DecoderBlock(nn.Module):
         return x
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int):
         super().__init__()
@@ -136,17 +124,6 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class LayerScale(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
@@ -162,7 +139,7 @@ class TransformerLayer(nn.Module):
         dim = config.hidden_size
         head_dim = getattr(config, "head_dim", None) or dim // config.num_attention_heads
         self.self_attn = Attention(dim, config.num_attention_heads, config.num_key_value_heads, head_dim)
-        self.mlp = MLP(dim, config.intermediate_size)
+        self.mlp = GatedMLP(dim, config.intermediate_size)
         self.input_layernorm = RMSNorm(dim, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(dim, config.rms_norm_eps)
         self.self_attn_layer_scale = LayerScale(dim)

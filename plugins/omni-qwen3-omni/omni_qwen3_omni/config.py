@@ -60,12 +60,23 @@ class VisionSettings:
 @dataclass(frozen=True)
 class OmniCheckpoint:
     path: str
-    thinker: Any  # transformers' Qwen3OmniMoeThinkerConfig
+    config: Any  # transformers' Qwen3OmniMoeConfig (or, for a thinker-only checkpoint, its thinker config)
     tokens: TokenIds
     audio: AudioSettings
     vision: VisionSettings
     position_id_per_seconds: float
     chat_template: str
+
+    @property
+    def thinker(self):
+        return getattr(self.config, "thinker_config", self.config)
+
+    def speech_config(self, name: str):
+        """``talker_config`` or ``code2wav_config``: the speech half's, which a thinker-only checkpoint lacks."""
+        part = getattr(self.config, name, None)
+        if part is None:
+            raise CheckpointError(f"{self.path} has no {name} (a thinker-only checkpoint: no speech out)")
+        return part
 
     @property
     def text_config(self):
@@ -115,7 +126,7 @@ def load_checkpoint(checkpoint_dir: str) -> OmniCheckpoint:
     )
     return OmniCheckpoint(
         path=str(root),
-        thinker=thinker,
+        config=config,
         tokens=tokens,
         audio=_audio_settings(root),
         vision=_vision_settings(root),

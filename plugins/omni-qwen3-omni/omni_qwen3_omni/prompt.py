@@ -72,26 +72,21 @@ def expand(checkpoint: OmniCheckpoint, ids: list[int], media: list[MediaItem]) -
     out: list[int] = []
     position_rows: list[torch.Tensor] = []
     next_pos = 0
+    linear = 0  # tokens since the last grid: text and audio rows take one position each, on every axis
     items = iter(media)
-    visual = False
     for token in ids:
-        if token not in kind_of:
-            out.append(token)
-            position_rows.append(torch.full((3, 1), next_pos, dtype=torch.int64))
-            next_pos += 1
+        item = next(items) if token in kind_of else None
+        out.extend([token] * (item.rows if item else 1))
+        if item is None or item.kind == "audio":
+            linear += item.rows if item else 1
             continue
-        item = next(items)
-        out.extend([token] * item.rows)
-        if item.kind == "audio":
-            position_rows.append(torch.arange(next_pos, next_pos + item.rows).expand(3, -1))
-            next_pos += item.rows
-            continue
-        visual = True
-        grid = grid_positions(item, checkpoint.vision.merge_size, checkpoint.position_id_per_seconds) + next_pos
+        position_rows.append(torch.arange(next_pos, next_pos + linear).expand(3, -1))
+        grid = grid_positions(item, checkpoint.vision.merge_size, checkpoint.position_id_per_seconds) + next_pos + linear
         position_rows.append(grid)
-        next_pos = int(grid.max()) + 1
-    if not visual:
+        next_pos, linear = int(grid.max()) + 1, 0
+    if not position_rows:  # no image or video: positions are the token indices
         return Prompt(out, None, list(media))
+    position_rows.append(torch.arange(next_pos, next_pos + linear).expand(3, -1))
     return Prompt(out, torch.cat(position_rows, dim=1), list(media))
 
 

@@ -126,14 +126,14 @@ class AudioEncoderWorker:
 
     def process(self, messages: list[Message], emit) -> None:
         s = self.settings
-        features, owners = [], []
+        features = [
+            log_mel(clip.to(self.device), s.n_mels, s.n_fft, s.hop_length, s.sampling_rate)
+            for message in messages
+            for clip in message.payload["clips"]
+        ]
+        embeds = iter(self.model(features))
         for message in messages:
-            for clip in message.payload["clips"]:
-                features.append(log_mel(clip.to(self.device), s.n_mels, s.n_fft, s.hop_length, s.sampling_rate))
-                owners.append(message.request_id)
-        embeds = self.model(features)
-        for message in messages:
-            emit(message.request_id, "out", {"embeds": [e for e, owner in zip(embeds, owners, strict=True) if owner == message.request_id]})
+            emit(message.request_id, "out", {"embeds": [next(embeds) for _ in message.payload["clips"]]})
 
 
 class VisionEncoderWorker:
@@ -149,9 +149,10 @@ class VisionEncoderWorker:
         tokens, deep = self.model(patches, grids)
         start = 0
         for message in messages:
-            rows = sum(t * h * w for t, h, w in message.payload["grids"]) // self.merge**2
-            grids = message.payload["grids"]
-            emit(message.request_id, "out", {"embeds": tokens[start : start + rows], "deepstack": deep[:, start : start + rows], "grids": grids})
+            sizes = [t * h * w // self.merge**2 for t, h, w in message.payload["grids"]]
+            rows = sum(sizes)
+            # one embedding block per image or video; the deepstack rows stay whole (they follow the visual placeholders)
+            emit(message.request_id, "out", {"embeds": list(tokens[start : start + rows].split(sizes)), "deepstack": deep[:, start : start + rows]})
             start += rows
 
 
@@ -199,15 +200,11 @@ class ThinkerWorker(ARStageWorker):
     def _media(self, kinds: list[str], parts: dict, ids: list[int]) -> PromptMedia:
         audio = iter(parts["audio"]["embeds"]) if "audio" in parts else iter(())
         vision = parts.get("vision")
-        visual_rows = iter(vision["embeds"].split(self._visual_sizes(vision))) if vision else iter(())
-        rows = [next(audio) if kind == "audio" else next(visual_rows) for kind in kinds]
+        visual = iter(vision["embeds"]) if vision else iter(())
+        rows = [next(audio) if kind == "audio" else next(visual) for kind in kinds]
         index, deep_index = media_index(ids, self.ckpt)
         deep = vision["deepstack"] if vision else None
         return PromptMedia(torch.cat(rows), index, deep, deep_index if deep is not None else None).to(self.device, self.dtype)
-
-    def _visual_sizes(self, vision: dict) -> list[int]:
-        m = self.ckpt.vision.merge_size
-        return [t * h * w // m**2 for t, h, w in vision["grids"]]
 
     def _sampling(self, values: dict[str, Any], prompt_len: int, delta: int = 0) -> tuple[SamplingParams, list[str]]:
         """SamplingParams and stop strings; ``delta``: how far generated tokens' rotary positions run

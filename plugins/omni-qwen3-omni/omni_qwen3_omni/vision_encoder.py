@@ -15,12 +15,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from omni_core.models.layers import apply_rotary
 from torch import nn
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
 
 
 class VisionAttention(nn.Module):
@@ -33,9 +29,8 @@ class VisionAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], segments: list[int]) -> torch.Tensor:
         n, dim = x.shape
         q, k, v = self.qkv(x).view(n, 3, self.heads, dim // self.heads).unbind(1)
-        cos, sin = rope  # [n, 1, head_dim] float32: rotated in float32, as the reference does
-        q = (q.float() * cos + rotate_half(q.float()) * sin).to(x.dtype)
-        k = (k.float() * cos + rotate_half(k.float()) * sin).to(x.dtype)
+        # rope: [n, 1, head_dim] float32; rotated in float32, as the reference does
+        q, k = (t.to(x.dtype) for t in apply_rotary(q.float(), k.float(), rope))
         out = torch.empty_like(q)
         start = 0
         for length in _runs(segments):  # frames of equal size attend in one batched call
