@@ -8,7 +8,7 @@ and 1.9-2.6x at 8-32 rows, and the MLP's gate/up and down projections 1.3-1.8x a
 q/k/v, o_proj and down_proj 1.02-1.43x faster than the better of the two at 1-64 rows there and
 about as fast at 512, gate/up (2048 columns) and the head (8192) 0.9x oneDNN at some row counts;
 an engine at 32 requests 3.7-5.7% faster with it. On an Intel Xeon host the engine ran 9-40%
-slower with it at 2-8 threads and within noise at one (docs/benchmarks.md, AR engine, CPU). So
+slower with it at 2-8 threads and within noise at one (docs/experiments/2026-12-03-cpu-engine-kernels.md). So
 the logits heads (``PackedWeight``, beside the weight: a tied head's weight is also the
 embedding) and gate/up take oneDNN, and ``pack_cpu_linears`` gives q/k/v, o_proj and down_proj
 the host kernel where it measures faster on this CPU.

@@ -131,7 +131,7 @@ def _combine_splits_kernel(
 
 # programs a multiprocessor gets from the split rule below: on the H200 (2 KV heads, 512-token
 # contexts) four beat one, two, eight and sixteen in the engine's graphs at batch 32 and came within
-# 1% of the best at 8 and 64 (docs/benchmarks.md, decode attention at 8-64 sequences)
+# 1% of the best at 8 and 64 (docs/experiments/2026-12-03-gpu-decode-kernels.md, decode attention at 8-64 sequences)
 PROGRAMS_PER_SM = 4
 
 

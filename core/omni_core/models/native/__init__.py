@@ -10,7 +10,7 @@ their torch path. The flags allow the reassociation that vectorized sums need bu
 
 The kernels run on the calling thread. Attention (decode and prefill) and the linear kernel are
 taken with at most ``MAX_INTRA_OP_THREADS`` intra-op threads (``preferred``): with more, torch's
-parallel loops win (docs/benchmarks.md: decode attention equal at 4 threads, grouped SDPA 1.1-1.2x
+parallel loops win (docs/experiments/2026-12-03-cpu-engine-kernels.md: decode attention equal at 4 threads, grouped SDPA 1.1-1.2x
 faster at 8-16 on a 16-core host). The element-wise kernels are also taken, at any thread count,
 for tensors too small for torch to split across threads (``host_ops.PARALLEL_GRAIN``).
 """
