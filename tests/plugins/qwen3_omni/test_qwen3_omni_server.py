@@ -85,8 +85,7 @@ def test_multi_turn_and_stop_strings(client):
     ]
     full = client.chat.completions.create(model="qwen3-omni", messages=messages, max_tokens=32, temperature=0).choices[0].message.content
     visible = full.replace("\ufffd", "")
-    if len(visible) < 3:
-        pytest.skip("the random weights gave no text to cut")
+    assert len(visible) >= 3, f"the tiny preset's greedy reply is deterministic and should hold text to cut: {full!r}"
     stop = visible[len(visible) // 2 : len(visible) // 2 + 2]
     cut = client.chat.completions.create(model="qwen3-omni", messages=messages, max_tokens=32, temperature=0, stop=[stop, "\x00never"])
     assert cut.choices[0].finish_reason == "stop"
