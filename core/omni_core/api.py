@@ -385,6 +385,10 @@ class Omni:
         )
         if stream:
             return self._chat_deltas(handle, {})
+        return self.chat_result(handle)
+
+    def chat_result(self, handle) -> ChatResult:
+        """The whole reply of a submitted chat (``submit(chat_inputs(...))``)."""
         final: dict[str, Any] = {}
         deltas = list(self._chat_deltas(handle, final))
         audio_parts = [d.audio for d in deltas if d.audio is not None]

@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 
 class ARExecutor(Executor):
-    """Messages become engine requests (``worker.make_request``); every step's new tokens go to
+    """A request's first message becomes an engine request (``worker.make_request``), its later
+    ones (chunks of a stream edge) go to ``worker.on_input``; every step's new tokens go to
     ``worker.on_output`` with an ``emit`` bound to the request. ``abort`` frees KV blocks before
     the next step. A request that fails (bad input, a raising handler) fails alone. A request that
     ends without its last output (aborted or failed) gets ``worker.release``; one whose
@@ -32,13 +33,17 @@ class ARExecutor(Executor):
             hooks = pm.stage_hooks(options.get("family", ""), self.context.stage, options)
         self.engine = AREngine(worker.model, worker.engine_config, hooks=hooks, device=self.context.device)
         worker.max_model_len = self.engine.max_model_len
+        worker.engine = self.engine
         self._seq: dict[str, dict[str, int]] = {}  # request id -> port -> next chunk number
         self._aborting: set[str] = set()  # aborted, but the loop may still deliver one step
         self.loop = EngineLoop(self.engine, self._deliver, self._fail, name=f"ar-{self.context.stage}", on_abort=self._aborted)
         self.loop.start()
 
     def submit(self, message: Message) -> None:
-        self.loop.add(message.request_id, lambda: self.worker.make_request(message))
+        if message.seq == 0:
+            self.loop.add(message.request_id, lambda: self.worker.make_request(message))
+        else:  # a later chunk of the stream the request is fed from
+            self.loop.call(message.request_id, lambda: self.worker.on_input(message))
 
     def abort(self, request_id: str) -> None:
         self._aborting.add(request_id)

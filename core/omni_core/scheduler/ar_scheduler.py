@@ -31,6 +31,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running)
 
+    def has_runnable(self) -> bool:
+        """Work a step can do now: paused sequences wait for their input."""
+        return bool(self.prefilling or any(not s.paused for s in (*self.waiting, *self.running)))
+
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.prefilling) + len(self.running)
 
@@ -55,11 +59,11 @@ class Scheduler:
             seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)
             budget -= seq.num_scheduled_tokens
             batch.append(seq)
-        while self.waiting and budget > 0 and active < self.max_num_seqs:
-            seq = self.waiting[0]
-            if not self.block_manager.allocate(seq):
+        while budget > 0 and active < self.max_num_seqs:
+            seq = next((s for s in self.waiting if not s.paused), None)
+            if seq is None or not self.block_manager.allocate(seq):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.prefilling.append(seq)
             active += 1
@@ -70,7 +74,7 @@ class Scheduler:
 
     def _schedule_decode(self) -> list[Sequence]:
         batch: list[Sequence] = []
-        candidates = deque(self.running)
+        candidates = deque(s for s in self.running if not s.paused)
         while candidates:
             seq = candidates.popleft()
             while not self.block_manager.can_append(seq):
@@ -90,7 +94,7 @@ class Scheduler:
         the KV slot one token on. None when that step must wait for the tokens: a request is
         waiting or prefilling, the running set is no longer ``seqs`` (an abort, a finish), or a
         block is missing (only a scheduled step may preempt)."""
-        if self.waiting or self.prefilling or list(self.running) != seqs:
+        if self.waiting or self.prefilling or list(self.running) != seqs or any(s.paused for s in seqs):
             return None
         batch = [s for s in seqs if s.num_output_tokens + 1 < s.params.max_tokens]
         bm = self.block_manager

@@ -48,11 +48,19 @@ class ARStageWorker:
 
     ``on_output`` may end a request before the engine does (a stop string found in the text):
     it emits its last messages and returns True; the engine then drops the request and frees
-    its KV blocks. ``max_model_len`` (prompt + output tokens the engine takes) is set once the
-    engine is built, before the first request.
+    its KV blocks. ``max_model_len`` (prompt + output tokens the engine takes) and ``engine``
+    are set once the engine is built, before the first request.
+
+    A stage fed by a stream edge gets the stream's first chunk in ``make_request`` and each later
+    one in ``on_input`` (chunks of requests the engine no longer holds are dropped). A request
+    that needs a chunk that has not come yet is paused (``self.engine.pause(request_id)``: it
+    keeps its KV blocks and sits out the steps) and resumed when the chunk comes
+    (``self.engine.resume``). ``make_request``, ``on_input``, ``on_output`` and ``release`` all
+    run on the engine's thread.
     """
 
     max_model_len: int | None = None
+    engine: Any = None
 
     def __init__(
         self,
@@ -87,6 +95,10 @@ class ARStageWorker:
     def on_output(self, request_id: str, new_token_ids: list[int], finished: bool, step_outputs: dict[str, Any], emit: Emit) -> bool | None:
         if new_token_ids or finished:
             emit("tokens", {"token_ids": list(new_token_ids)}, end=finished)
+
+    def on_input(self, message: Message) -> None:
+        """A later chunk of the stream a running request is fed from (see the class doc)."""
+        raise ValueError(f"stage takes one message a request; got chunk {message.seq} on {message.port!r}")
 
     def release(self, request_id: str) -> None:
         """Free what ``make_request`` kept for a request that ends without its last output: it

@@ -54,7 +54,11 @@ class EngineConfig:
 class EngineRequest:
     """A request for the engine: prompt ids or prompt embeddings [L, H] (one of them), sampling,
     ``extras`` visible to the model (ForwardContext.extras) and hooks (StepBatch.extras), and
-    ``hidden_layers`` to return per step (0: input embeddings, i: output of decoder layer i).
+    ``hidden_layers`` to return per step (0: input embeddings, i: output of decoder layer i);
+    ``prompt_hidden_layers`` to return for the prompt's positions only (its prefill steps, and
+    again if a preempted request is recomputed; decode steps keep their CUDA graphs). Positions
+    taken from the prefix cache are not computed, so they return none: a request that needs
+    every prompt position's states should not be prefix-cached (no ``prefix_key``).
 
     ``prefix_key``: for a request with extras, what they change in its KV (any hashable; ``""``
     when the model does not read them, e.g. sampling state for a hook): only requests with equal
@@ -77,6 +81,7 @@ class EngineRequest:
     hidden_layers: tuple[int, ...] = ()
     prefix_key: Any = None
     rope_positions: torch.Tensor | None = None
+    prompt_hidden_layers: tuple[int, ...] = ()
 
 
 @dataclass
@@ -154,10 +159,10 @@ class AREngine:
         if request.prompt_embeds is not None and hidden and request.prompt_embeds.shape[-1] != hidden:
             raise ValueError(f"prompt_embeds width {request.prompt_embeds.shape[-1]} != model hidden size {hidden}")
         num_layers = getattr(getattr(self.model, "kv_cache_spec", None), "num_layers", None)
-        if num_layers is not None and any(not 0 <= layer <= num_layers for layer in request.hidden_layers):
+        if num_layers is not None and any(not 0 <= layer <= num_layers for layer in request.hidden_layers + request.prompt_hidden_layers):
             raise ValueError(f"hidden_layers must be in [0, {num_layers}] (0: input embeddings)")
         seq = Sequence(request.request_id, request.prompt_token_ids, request.params, request.prompt_embeds, request.extras, request.hidden_layers,
-                       self.eos_token_ids, request.prefix_key, request.rope_positions)
+                       self.eos_token_ids, request.prefix_key, request.rope_positions, request.prompt_hidden_layers)
         vocab = self._vocab_size()
         if request.prompt_token_ids is not None and vocab and any(not 0 <= t < vocab for t in seq.token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab}) (the vocab size)")
@@ -187,6 +192,22 @@ class AREngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    def has_runnable(self) -> bool:
+        """Whether a step can do anything now (every unfinished request may be paused)."""
+        return self.scheduler.has_runnable()
+
+    def pause(self, request_id: str) -> None:
+        """Leave a request out of steps until ``resume``, keeping its KV blocks: it waits for
+        input from outside (a stream it is fed from). Unknown ids are ignored."""
+        seq = self.requests.get(request_id)
+        if seq is not None:
+            seq.paused = True
+
+    def resume(self, request_id: str) -> None:
+        seq = self.requests.get(request_id)
+        if seq is not None:
+            seq.paused = False
+
     # ---- stepping ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -205,7 +226,7 @@ class AREngine:
             return self._finish_in_flight()
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
-            if self.scheduler.has_work():
+            if self.scheduler.has_runnable():
                 raise RuntimeError("the engine cannot schedule any request: the KV cache is too small")
             return []
         if not is_prefill and self._overlaps(seqs):
@@ -225,7 +246,7 @@ class AREngine:
         return self._apply(current.seqs, False, sample_index, tokens, step_tensors)
 
     def _overlaps(self, seqs: list[Sequence]) -> bool:
-        return self.overlap_decode and all(not s.hidden_layers and s.params.repetition_penalty == 1.0 for s in seqs)
+        return self.overlap_decode and all(not s.hidden_layers and s.params.repetition_penalty == 1.0 and not s.paused for s in seqs)
 
     def _apply(self, seqs: list[Sequence], is_prefill: bool, sample_index: list[int], tokens: list[int], step_tensors: dict) -> list[RequestOutput]:
         """Advance ``seqs`` by a step's tokens; outputs for the caller. Sequences that finished

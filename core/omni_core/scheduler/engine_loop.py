@@ -47,6 +47,12 @@ class EngineLoop:
         """Queue a request; ``build`` runs in the loop thread (it may raise: the request fails)."""
         self.commands.put(("add", (request_id, build)))
 
+    def call(self, request_id: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in the loop thread between steps if ``request_id`` is still in the engine
+        (input for a running request: a later chunk of the stream it is fed from); an exception
+        fails that request."""
+        self.commands.put(("call", (request_id, fn)))
+
     def abort(self, request_id: str) -> None:
         self.commands.put(("abort", request_id))
 
@@ -64,6 +70,14 @@ class EngineLoop:
             if self.on_abort is not None:
                 self.on_abort(arg)
             self.stats = self.engine.stats()
+        elif command == "call":
+            request_id, fn = arg
+            if request_id in self.engine.requests:
+                try:
+                    fn()
+                except Exception as exc:
+                    self.engine.abort(request_id)
+                    self.on_error(request_id, f"{type(exc).__name__}: {exc}")
         elif command == "add":
             request_id, build = arg
             if request_id in self.cancelled:
@@ -87,15 +101,16 @@ class EngineLoop:
     def _run(self) -> None:
         running = True
         while running:
-            # block only when idle; otherwise drain what arrived since the last step
+            # block only when no step can run (idle, or every request waits for input);
+            # otherwise drain what arrived since the last step
             try:
-                if not self.engine.has_unfinished():
+                if not self.engine.has_runnable():
                     running = self._apply(*self.commands.get())
                 while running:
                     running = self._apply(*self.commands.get_nowait())
             except queue.Empty:
                 pass
-            if not running or not self.engine.has_unfinished():
+            if not running or not self.engine.has_runnable():
                 continue
             try:
                 outputs = self.engine.step()

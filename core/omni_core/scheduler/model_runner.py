@@ -215,7 +215,7 @@ class ModelRunner:
             if seqs != ahead_of.seqs:  # some sequences stop with the step in flight
                 row = {s.seq_id: b for b, s in enumerate(ahead_of.seqs)}
                 ahead_ids = ahead_ids[to_device(torch.tensor([row[s.seq_id] for s in seqs], dtype=torch.int64), self.device)]
-        capture = frozenset(layer for s in seqs for layer in s.hidden_layers)
+        capture = frozenset(layer for s in seqs for layer in s.capture_layers(is_prefill))
         graph_key = None
         if self.graphs and not is_prefill and not capture:
             graph_key = self._graph_key(len(seqs), max(len(s.block_table) for s in seqs))
@@ -310,8 +310,9 @@ class ModelRunner:
             offset = 0
             for b, seq in enumerate(seqs):
                 n = query_lens[b]
-                if seq.hidden_layers:
-                    out.setdefault(b, {})["hidden_states"] = {layer: captured[layer][offset : offset + n] for layer in seq.hidden_layers if layer in captured}
+                layers = seq.capture_layers(batch.is_prefill)
+                if layers:
+                    out.setdefault(b, {})["hidden_states"] = {layer: captured[layer][offset : offset + n] for layer in layers if layer in captured}
                 offset += n
         for name, tensor in batch.step_outputs.items():
             for row, b in enumerate(sample_index):

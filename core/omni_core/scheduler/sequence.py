@@ -29,7 +29,8 @@ class Sequence:
     prefix-cached only under a ``prefix_key`` naming what its extras change (blocks are shared
     between equal keys only).
     ``num_computed_tokens`` counts tokens whose KV is in the cache; prefill may take several
-    steps (chunked) before the first token is sampled.
+    steps (chunked) before the first token is sampled. ``prompt_hidden_layers``: hidden layers
+    returned for the prompt's positions only (prefill steps).
     """
 
     def __init__(
@@ -43,6 +44,7 @@ class Sequence:
         eos_token_ids: tuple[int, ...] = (),
         prefix_key: Any = None,
         rope_positions: Any = None,
+        prompt_hidden_layers: tuple[int, ...] = (),
     ):
         if prompt_embeds is not None:
             if prompt_embeds.dim() != 2:
@@ -58,6 +60,7 @@ class Sequence:
         self.params = params
         self.extras: dict[str, Any] = extras if extras is not None else {}
         self.hidden_layers = tuple(hidden_layers)
+        self.prompt_hidden_layers = tuple(prompt_hidden_layers)
         # rotary positions of the prompt ([axes, L] int64) where they are not 0..L-1, and the
         # offset of generated tokens' positions from their index (EngineRequest.rope_positions)
         self.rope_positions = None
@@ -79,6 +82,9 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_scheduled_tokens = 0  # tokens this step computes
         self.finish_reason: str | None = None
+        # a running sequence that waits for input from outside (a stream it is fed from): it
+        # keeps its blocks but is left out of decode steps until resumed (AREngine.pause)
+        self.paused = False
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -94,6 +100,12 @@ class Sequence:
         if start < inside:
             out[:, : inside - start] = self.rope_positions[:, start:inside]
         return out[0] if axes == 1 else out
+
+    def capture_layers(self, is_prefill: bool) -> tuple[int, ...]:
+        """The hidden layers a step of this sequence returns."""
+        if is_prefill and self.prompt_hidden_layers and self.num_computed_tokens < self.num_prompt_tokens:
+            return tuple(dict.fromkeys(self.hidden_layers + self.prompt_hidden_layers))
+        return self.hidden_layers
 
     @property
     def cacheable(self) -> bool:

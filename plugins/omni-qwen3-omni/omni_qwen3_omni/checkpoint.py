@@ -108,3 +108,13 @@ def load_code2wav(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> Code
         model = Code2Wav(ckpt.speech_config("code2wav_config")).eval()
     load_weights(model, iter_safetensors(ckpt.path, "code2wav."), strip_prefix="code2wav.")
     return model
+
+
+def load_thinker_embedding(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> torch.nn.Embedding:
+    """The thinker's token embedding table alone: the talker stage projects the reply's ids itself,
+    so the thinker sends ids, not embeddings."""
+    text = ckpt.text_config
+    with _constructing(device, dtype):
+        table = torch.nn.Embedding(text.vocab_size, text.hidden_size)
+    load_weights(table, iter_safetensors(ckpt.path, "thinker.model.embed_tokens."), strip_prefix="thinker.model.embed_tokens.")
+    return table.eval()

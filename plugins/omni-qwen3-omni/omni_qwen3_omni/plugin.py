@@ -1,8 +1,9 @@
-"""Registers the ``qwen3-omni`` family (Qwen3-Omni: chat with audio, image and video in) with omni."""
+"""Registers the ``qwen3-omni`` family (Qwen3-Omni: chat with text, audio, image and video in,
+text and speech out) with omni."""
 
 from __future__ import annotations
 
-from omni_core.hooks import FamilySpec, hookimpl
+from omni_core.hooks import FamilySpec, Voice, hookimpl
 
 # Model code (torch, transformers) loads on first use, not when `omni plugins list` loads plugins.
 
@@ -19,16 +20,27 @@ def write_tiny(directory: str) -> str:
     return write(directory)
 
 
+def voices(checkpoint_dir: str) -> list[Voice]:
+    """The talker's speakers (``talker_config.speaker_id``); none for a thinker-only checkpoint."""
+    from .config import load_checkpoint
+
+    talker = getattr(load_checkpoint(checkpoint_dir).config, "talker_config", None)
+    speakers = dict(getattr(talker, "speaker_id", None) or {})
+    return [Voice(id=name.lower(), name=name.lower(), description="a built-in speaker of the checkpoint") for name in speakers]
+
+
 @hookimpl
 def omni_families():
     return [
         FamilySpec(
             name="qwen3-omni",
-            tasks=("chat",),
+            tasks=("chat", "speech"),
             build=build,
             default_checkpoint="Qwen/Qwen3-Omni-30B-A3B-Instruct",
             presets={"tiny": write_tiny},
             input_sample_rate=16000,
-            description="Qwen3-Omni: chat with text, audio, image and video in, text out",
+            sample_rate=24000,
+            voices=voices,
+            description="Qwen3-Omni: chat with text, audio, image and video in, text and speech out",
         )
     ]

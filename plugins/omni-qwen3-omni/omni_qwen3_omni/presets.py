@@ -17,6 +17,7 @@ from pathlib import Path
 from .config import quiet_transformers
 
 MARKER = ".omni-preset"
+PRESET_REVISION = " (revision 3)"  # bumped when the preset's configs change: an older copy is rewritten
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>",
     "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
@@ -24,7 +25,8 @@ SPECIAL_TOKENS = [
     "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>", "<tts_text_bos_single>",
     "<think>", "</think>",
 ]
-VOCAB_SIZE = 320  # the model's rows: the tokenizer's 272 and spare ones, as real checkpoints pad theirs
+ROLE_WORDS = ["system", "user", "assistant"]
+VOCAB_SIZE = 320  # the model's rows: the tokenizer's 275 and spare ones, as real checkpoints pad theirs
 
 # ChatML with one placeholder per media part; the preprocessor expands each pad token to as many
 # as the part's encoder gives rows. A system prompt is optional, as in Qwen3-Omni's own template.
@@ -63,7 +65,8 @@ SIZES = {
     ),
     "talker": dict(
         text_config=dict(
-            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            # as the real one: the codebook's codes, then 1024 specials (codec ids at the real offsets)
+            vocab_size=32 + 1024, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
             shared_expert_intermediate_size=32,
             rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [1, 1, 2], "interleaved": True},
@@ -73,8 +76,8 @@ SIZES = {
             num_key_value_heads=2, head_dim=8, num_code_groups=4,
         ),
         num_code_groups=4, accept_hidden_layer=1, spatial_merge_size=2, position_id_per_seconds=13,
-        codec_eos_token_id=40, codec_nothink_id=41, codec_think_bos_id=42, codec_think_eos_id=43,
-        codec_pad_id=44, codec_bos_id=45, speaker_id={"chelsie": 50, "ethan": 51},
+        codec_pad_id=132, codec_bos_id=133, codec_eos_token_id=134, codec_nothink_id=139, codec_think_bos_id=140,
+        codec_think_eos_id=141, speaker_id={"chelsie": 285, "ethan": 286, "aiden": 287},
     ),
     "code2wav": dict(
         codebook_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
@@ -99,6 +102,8 @@ def tiny_tokenizer(special_order: list[str] | None = None):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)
+    # the role words are single tokens, as in Qwen's vocabulary (the talker finds turns by them)
+    tok.add_tokens(ROLE_WORDS)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", clean_up_tokenization_spaces=False
     )
@@ -129,8 +134,7 @@ def _config(vocab: dict[str, int], eos: list[int], sizes: dict | None = None):
         tts_pad_token_id=vocab["<tts_pad>"],
         tts_bos_token_id=vocab["<tts_text_bos>"],
         tts_eos_token_id=vocab["<tts_text_eod>"],
-        # the role words are ordinary tokens (in this tokenizer, their first byte)
-        system_token_id=vocab["s"], user_token_id=vocab["u"], assistant_token_id=vocab["a"],
+        system_token_id=vocab["system"], user_token_id=vocab["user"], assistant_token_id=vocab["assistant"],
     )
 
 
@@ -147,6 +151,7 @@ def write_tiny(directory: str | Path, seed: int = 0, special_order: list[str] | 
     name = "tiny" if special_order is None else "tiny-reordered"
     if sizes:
         name = "random:" + json.dumps(sizes, sort_keys=True)
+    name += PRESET_REVISION
     if marker.exists() and marker.read_text() == name:
         return str(directory)
     directory.mkdir(parents=True, exist_ok=True)

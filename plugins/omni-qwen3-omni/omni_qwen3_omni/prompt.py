@@ -63,31 +63,46 @@ def render(checkpoint: OmniCheckpoint, tokenizer, messages: list[dict]) -> list[
 def expand(checkpoint: OmniCheckpoint, ids: list[int], media: list[MediaItem]) -> Prompt:
     """Each media part's pad token repeated ``rows`` times (parts in prompt order) and the
     tokens' rotary positions."""
-    tokens = checkpoint.tokens
-    pad_of = {"audio": tokens.audio, "image": tokens.image, "video": tokens.video}
-    kind_of = {v: k for k, v in pad_of.items()}
+    kind_of = _pad_kinds(checkpoint)
     placeholders = [kind_of[t] for t in ids if t in kind_of]
     if placeholders != [m.kind for m in media]:
         raise ValueError(f"the chat template wrote media placeholders {placeholders}, the messages hold {[m.kind for m in media]}")
     out: list[int] = []
+    items = iter(media)
+    for token in ids:
+        out.extend([token] * (next(items).rows if token in kind_of else 1))
+    return Prompt(out, rope_positions(checkpoint, out, media), list(media))
+
+
+def _pad_kinds(checkpoint: OmniCheckpoint) -> dict[int, str]:
+    tokens = checkpoint.tokens
+    return {tokens.audio: "audio", tokens.image: "image", tokens.video: "video"}
+
+
+def rope_positions(checkpoint: OmniCheckpoint, ids: list[int], media: list[MediaItem]) -> torch.Tensor | None:
+    """[3, L] rotary positions of expanded ids whose media parts are ``media`` (in order, each a
+    run of ``rows`` pad tokens); None when every axis is 0..L-1 (no image or video)."""
+    kind_of = _pad_kinds(checkpoint)
     position_rows: list[torch.Tensor] = []
     next_pos = 0
     linear = 0  # tokens since the last grid: text and audio rows take one position each, on every axis
     items = iter(media)
-    for token in ids:
-        item = next(items) if token in kind_of else None
-        out.extend([token] * (item.rows if item else 1))
+    i = 0
+    while i < len(ids):
+        item = next(items) if ids[i] in kind_of else None
+        step = item.rows if item else 1
+        i += step
         if item is None or item.kind == "audio":
-            linear += item.rows if item else 1
+            linear += step
             continue
         position_rows.append(torch.arange(next_pos, next_pos + linear).expand(3, -1))
         grid = grid_positions(item, checkpoint.vision.merge_size, checkpoint.position_id_per_seconds) + next_pos + linear
         position_rows.append(grid)
         next_pos, linear = int(grid.max()) + 1, 0
-    if not position_rows:  # no image or video: positions are the token indices
-        return Prompt(out, None, list(media))
+    if not position_rows:
+        return None
     position_rows.append(torch.arange(next_pos, next_pos + linear).expand(3, -1))
-    return Prompt(out, torch.cat(position_rows, dim=1), list(media))
+    return torch.cat(position_rows, dim=1)
 
 
 def grid_positions(item: MediaItem, merge: int, position_id_per_seconds: float) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from .audio_encoder import AudioEncoder, audio_rows
 from .config import OmniCheckpoint, load_tokenizer
 from .media import MediaError, Patches, decode_video, fitted_size, frames_patches, image_patches
 from .prompt import MediaItem, expand, media_index, render
+from .speech import SpeechIds, first_text_ready, talker_plan
 from .text import TextStream
 from .thinker import PromptMedia, ThinkerLM
 from .vision_encoder import VisionEncoder
@@ -29,25 +31,29 @@ class Preprocessor:
     ``max_images``, ``max_videos`` (parts a request may hold), ``video_fps``,
     ``video_max_frames``, ``video_min_pixels``, ``video_max_pixels``, ``max_model_len``."""
 
-    def __init__(self, ckpt: OmniCheckpoint, limits: dict[str, Any]):
+    def __init__(self, ckpt: OmniCheckpoint, limits: dict[str, Any], speaks: bool = False):
         self.ckpt = ckpt
         self.tokenizer = load_tokenizer(ckpt.path)
         self.limits = limits
+        self.speech = SpeechIds.of(ckpt) if speaks else None
 
     def __call__(self, message: Message, emit) -> None:
         payload = message.payload
-        if payload.get("task") != "chat":
-            raise InvalidInput(f"qwen3-omni serves chat, not {payload.get('task')!r}")
-        if "audio" in (payload.get("modalities") or ()):
-            raise InvalidInput('qwen3-omni does not speak yet: ask for modalities ["text"]', "modalities")
+        if payload.get("task") == "speech":
+            payload = self._speech_as_chat(payload)
+        elif payload.get("task") != "chat":
+            raise InvalidInput(f"qwen3-omni serves chat and speech, not {payload.get('task')!r}")
+        speaker = self._speaker(payload) if "audio" in (payload.get("modalities") or ()) else None
         media, clips, visual, digest = self._media(payload["messages"])
         try:
             prompt = expand(self.ckpt, render(self.ckpt, self.tokenizer, payload["messages"]), media)
+            plan = None if speaker is None else talker_plan(self.ckpt, prompt.token_ids, media, speaker)
         except ValueError as exc:
             raise InvalidInput(f"messages: {exc}") from None
         limit = self.limits["max_model_len"]
         if len(prompt.token_ids) >= limit:
             raise InvalidInput(f"messages: the prompt takes {len(prompt.token_ids)} tokens; the model takes at most {limit - 1}")
+        sampling = dict(payload.get("sampling") or {})
         emit(
             "prompt",
             {
@@ -55,13 +61,43 @@ class Preprocessor:
                 "rope_positions": prompt.rope_positions,
                 "media": [item.kind for item in media],
                 "media_key": digest.hexdigest() if media else None,
-                "sampling": dict(payload.get("sampling") or {}),
+                "sampling": sampling,
+                "talker": plan,
             },
         )
         if clips:
             emit("audio", {"clips": clips})
         if visual:
             emit("vision", {"patches": torch.cat([p.pixels for p in visual]), "grids": [list(p.grid) for p in visual]})
+
+    def _speaker(self, payload: dict) -> int:
+        """The codec id of the voice a request asks for (the checkpoint's default without one)."""
+        if self.speech is None:
+            raise InvalidInput(
+                "this server was started without speech output (--option audio_output=false): ask for modalities [\"text\"]",
+                "modalities",
+            )
+        if payload.get("reference_audio") is not None:
+            raise InvalidInput(f"qwen3-omni speaks in its built-in voices only: {', '.join(self.speech.speakers)}", "voice")
+        voice = (payload.get("voice") or self.speech.default_speaker).lower()
+        if voice not in self.speech.speakers:
+            raise InvalidInput(f"unknown voice {voice!r}; available: {', '.join(self.speech.speakers)}", "voice")
+        return self.speech.speakers[voice]
+
+    @staticmethod
+    def _speech_as_chat(payload: dict) -> dict:
+        """/v1/audio/speech as a chat: the thinker is asked to say the text back, word for word."""
+        if float(payload.get("speed", 1.0)) != 1.0:
+            raise InvalidInput("qwen3-omni speaks at its own pace: speed must be 1", "speed")
+        messages = []
+        if payload.get("instructions"):
+            messages.append({"role": "system", "content": [{"type": "text", "text": payload["instructions"]}]})
+        request = f"Say the following text aloud, exactly as written, and nothing else:\n\n{payload['text']}"
+        messages.append({"role": "user", "content": [{"type": "text", "text": request}]})
+        sampling = dict(payload.get("sampling") or {})
+        if payload.get("seed") is not None:
+            sampling["seed"] = payload["seed"]
+        return {**payload, "task": "chat", "messages": messages, "modalities": ["text", "audio"], "sampling": sampling}
 
     def _media(self, messages: list[dict]):
         """Every media part in prompt order: its prompt item, the audio clips, the visual patches
@@ -156,6 +192,18 @@ class VisionEncoderWorker:
             start += rows
 
 
+@dataclass
+class Voicing:
+    """A thinker request whose reply the talker voices: what it has sent on ``hidden``."""
+
+    plan: dict[str, Any]
+    spoken: list[int]  # the assistant turn's ids: opening, then the reply so far
+    seed: int | None
+    sent: bool = False
+    rows_seen: int = 0  # prompt rows whose states have come
+    media_states: list[torch.Tensor] = field(default_factory=list)
+
+
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "seed", "stop"}
 
 
@@ -165,7 +213,7 @@ class ThinkerWorker(ARStageWorker):
     text, usage and finish reason. Requests with media are prefix-cached under their media's
     digest (equal media and equal ids share blocks); text-only ones as usual."""
 
-    def __init__(self, model: ThinkerLM, ckpt: OmniCheckpoint, engine_config: EngineConfig, defaults: dict[str, Any]):
+    def __init__(self, model: ThinkerLM, ckpt: OmniCheckpoint, engine_config: EngineConfig, defaults: dict[str, Any], speaks: bool = False):
         super().__init__(model, engine_config=engine_config)
         self.ckpt = ckpt
         self.tokenizer = load_tokenizer(ckpt.path)
@@ -174,6 +222,8 @@ class ThinkerWorker(ARStageWorker):
         self.dtype = next(model.parameters()).dtype
         self.max_position = int(ckpt.text_config.max_position_embeddings)
         self.streams: dict[str, tuple[TextStream, int]] = {}
+        self.voicing: dict[str, Voicing] = {}
+        self.accept_layer = SpeechIds.of(ckpt).accept_hidden_layer if speaks else None
 
     def make_request(self, message: Message) -> EngineRequest:
         parts = message.payload
@@ -188,6 +238,14 @@ class ThinkerWorker(ARStageWorker):
             extras["media"] = self._media(prompt["media"], parts, ids)
             key = prompt["media_key"]
         self.streams[message.request_id] = (TextStream(self.tokenizer, stop), len(ids))
+        plan = prompt.get("talker")
+        prompt_layers: tuple[int, ...] = ()
+        if plan is not None:
+            self.voicing[message.request_id] = Voicing(plan, list(plan["assistant_ids"]), params.seed)
+            if plan["media_positions"]:
+                # the talker reads the thinker's states at the user turns' media rows: every prompt
+                # position is computed, so the request is not prefix-cached
+                prompt_layers, key = (self.accept_layer,), None
         return EngineRequest(
             request_id=message.request_id,
             prompt_token_ids=ids,
@@ -195,6 +253,7 @@ class ThinkerWorker(ARStageWorker):
             extras=extras,
             prefix_key=key,
             rope_positions=positions,
+            prompt_hidden_layers=prompt_layers,
         )
 
     def _media(self, kinds: list[str], parts: dict, ids: list[int]) -> PromptMedia:
@@ -231,6 +290,11 @@ class ThinkerWorker(ARStageWorker):
         stream, prompt_len = self.streams[request_id]
         delta = stream.push(new_token_ids)
         done = finished or stream.stopped
+        voicing = self.voicing.get(request_id)
+        if voicing is not None:
+            self._voice(voicing, new_token_ids, step_outputs, done, emit)
+            if done:
+                self.voicing.pop(request_id, None)
         if delta and not done:
             emit("text", {"text": delta})
         if not done:
@@ -255,5 +319,28 @@ class ThinkerWorker(ARStageWorker):
     def _ended_by_eos(self, stream: TextStream) -> bool:
         return bool(stream.tokens) and stream.tokens[-1] in self.ckpt.tokens.eos
 
+    def _voice(self, voicing: Voicing, new_token_ids: list[int], step_outputs: dict, done: bool, emit) -> None:
+        """The talker's stream (``hidden``): its plan, the media rows' states and the assistant
+        ids so far once the reply's first token is usable, then each new reply id."""
+        plan = voicing.plan
+        states = (step_outputs.get("hidden_states") or {}).get(self.accept_layer)
+        if states is not None and not voicing.sent:
+            # prompt rows arrive in order, a prefill chunk at a time (again if recomputed: kept once)
+            start, end = voicing.rows_seen, voicing.rows_seen + states.shape[0]
+            for j, position in enumerate(plan["media_positions"]):
+                if start <= position < end and j == len(voicing.media_states):
+                    voicing.media_states.append(states[position - start])
+            voicing.rows_seen = end
+        voicing.spoken.extend(new_token_ids)
+        if not voicing.sent:
+            if not (first_text_ready(voicing.spoken) or done):
+                return
+            media = torch.stack(voicing.media_states).float().cpu() if voicing.media_states else None
+            emit("hidden", {"plan": plan, "spoken": voicing.spoken, "media_hidden": media, "seed": voicing.seed}, end=done)
+            voicing.sent = True
+        elif new_token_ids or done:
+            emit("hidden", {"token_ids": list(new_token_ids)}, end=done)
+
     def release(self, request_id: str) -> None:
+        self.voicing.pop(request_id, None)
         self.streams.pop(request_id, None)

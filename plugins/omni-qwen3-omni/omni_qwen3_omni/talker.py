@@ -22,7 +22,19 @@ RENAMES = {"model.codec_embedding.weight": "model.embed_tokens.weight", "codec_h
 
 
 class TalkerLM(Qwen3MoeForCausalLM):
-    """``talker.model.*`` and ``talker.codec_head`` (loaded through ``checkpoint_weights``)."""
+    """``talker.model.*`` and ``talker.codec_head`` (loaded through ``checkpoint_weights``).
+    ``suppress(ids)``: logits of those codec ids are -inf (in the decode graphs too)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.register_buffer("logit_bias", torch.zeros(config.vocab_size), persistent=False)
+
+    def suppress(self, ids: list[int]) -> None:
+        self.logit_bias.zero_()
+        self.logit_bias[torch.tensor(ids, dtype=torch.long, device=self.logit_bias.device)] = float("-inf")
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return super().compute_logits(hidden) + self.logit_bias.to(hidden.dtype)
 
 
 class ResizeMLP(nn.Module):

@@ -1,10 +1,14 @@
-"""Qwen3-Omni's thinker as a stage graph:
+"""Qwen3-Omni as a stage graph:
 
     preprocess (fn) -> {audio_encoder (batch), vision_encoder (batch)} -> thinker (ar) -> text
+                                       thinker =hidden=> talker (ar, code predictor in its steps)
+                                       talker =codes=> code2wav (batch, chunked) -> audio
 
-The encoders run only for requests that hold audio, or images and videos (``Edge.when``); the
-thinker is a fan-in that waits for the encoders a request reaches. Weights load inside the stage
-factories, each reading its own prefix of the checkpoint.
+The encoders run only for requests that hold audio, or images and videos, and the talker only
+for requests that ask for audio (``Edge.when``); the thinker is a fan-in that waits for the
+encoders a request reaches. With ``audio_output=false`` (or a thinker-only checkpoint) the
+talker and code2wav stages are not built. Weights load inside the stage factories, each reading
+its own prefix of the checkpoint.
 """
 
 from __future__ import annotations
@@ -17,13 +21,26 @@ from omni_core.hooks import number_option
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.scheduler.engine import EngineConfig
 
-from .checkpoint import check_layout, load_audio_encoder, load_thinker, load_vision_encoder, resolve_dtype
+from .checkpoint import (
+    check_layout,
+    load_audio_encoder,
+    load_code2wav,
+    load_code_predictor,
+    load_talker,
+    load_thinker,
+    load_thinker_embedding,
+    load_vision_encoder,
+    resolve_dtype,
+)
+from .code2wav_stage import Chunking, Code2WavWorker
 from .config import load_checkpoint
+from .speech import SpeechIds
 from .stages import AudioEncoderWorker, Preprocessor, ThinkerWorker, VisionEncoderWorker
+from .talker_stage import TalkerSampling, TalkerWorker
 
 
-def preprocess_factory(context, checkpoint_dir: str, limits: dict):
-    return Preprocessor(load_checkpoint(checkpoint_dir), limits)
+def preprocess_factory(context, checkpoint_dir: str, limits: dict, speaks: bool = False):
+    return Preprocessor(load_checkpoint(checkpoint_dir), limits, speaks)
 
 
 def audio_factory(context, checkpoint_dir: str, dtype: str):
@@ -36,11 +53,26 @@ def vision_factory(context, checkpoint_dir: str, dtype: str):
     return VisionEncoderWorker(load_vision_encoder(ckpt, context.device, resolve_dtype(dtype, context.device)), ckpt)
 
 
-def thinker_factory(context, checkpoint_dir: str, dtype: str, engine: dict):
+def thinker_factory(context, checkpoint_dir: str, dtype: str, engine: dict, speaks: bool = False):
     ckpt = load_checkpoint(checkpoint_dir)
     model = load_thinker(ckpt, context.device, resolve_dtype(dtype, context.device))
     config = EngineConfig(eos_token_ids=ckpt.tokens.eos, **engine)
-    return ThinkerWorker(model, ckpt, config, default_sampling(checkpoint_dir))
+    return ThinkerWorker(model, ckpt, config, default_sampling(checkpoint_dir), speaks)
+
+
+def talker_factory(context, checkpoint_dir: str, dtype: str, engine: dict, sampling: dict):
+    ckpt = load_checkpoint(checkpoint_dir)
+    device, torch_dtype = context.device, resolve_dtype(dtype, context.device)
+    model, projections = load_talker(ckpt, device, torch_dtype)
+    predictor = load_code_predictor(ckpt, device, torch_dtype)
+    table = load_thinker_embedding(ckpt, device, torch_dtype)
+    return TalkerWorker(model, projections, predictor, table, SpeechIds.of(ckpt), EngineConfig(**engine), TalkerSampling(**sampling))
+
+
+def code2wav_factory(context, checkpoint_dir: str, dtype: str, chunking: dict):
+    ckpt = load_checkpoint(checkpoint_dir)
+    model = load_code2wav(ckpt, context.device, resolve_dtype(dtype, context.device))
+    return Code2WavWorker(model, Chunking(**chunking))
 
 
 def default_sampling(checkpoint_dir: str) -> dict:
@@ -50,6 +82,10 @@ def default_sampling(checkpoint_dir: str) -> dict:
     if raw.get("do_sample") is False:
         return {"temperature": 0.0}
     return {k: raw[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if raw.get(k) is not None}
+
+
+def _speaks(inputs: dict) -> bool:
+    return "audio" in (inputs.get("modalities") or ()) or inputs.get("task") == "speech"
 
 
 def _has(kinds: tuple[str, ...]):
@@ -94,20 +130,21 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
         max_model_len=max_model_len,
     )
     batch = {"max_batch": max_batch, "batch_window_ms": number_option(options, "batch_window_ms", 2.0, kind=float, allow_zero=True)}
+    speaks = _audio_output(options, ckpt)
     path = str(Path(checkpoint_dir))
     make = functools.partial
-    return Topology(
+    topology = Topology(
         name="qwen3-omni",
         stages=[
-            StageSpec("preprocess", "fn", make(preprocess_factory, checkpoint_dir=path, limits=limits), ("in",), ("prompt", "audio", "vision")),
+            StageSpec("preprocess", "fn", make(preprocess_factory, checkpoint_dir=path, limits=limits, speaks=speaks), ("in",), ("prompt", "audio", "vision")),
             StageSpec("audio_encoder", "batch", make(audio_factory, checkpoint_dir=path, dtype=dtype), ("in",), ("out",), options=dict(batch)),
             StageSpec("vision_encoder", "batch", make(vision_factory, checkpoint_dir=path, dtype=dtype), ("in",), ("out",), options=dict(batch)),
             StageSpec(
                 "thinker",
                 "ar",
-                make(thinker_factory, checkpoint_dir=path, dtype=dtype, engine=engine),
+                make(thinker_factory, checkpoint_dir=path, dtype=dtype, engine=engine, speaks=speaks),
                 ("prompt", "audio", "vision"),
-                ("text",),
+                ("text", "hidden") if speaks else ("text",),
                 options={"family": "qwen3-omni"},
             ),
         ],
@@ -121,3 +158,51 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
         entry="preprocess.in",
         outputs={"text": "thinker.text"},
     )
+    if speaks:
+        _add_speech(topology, path, dtype, options, max_batch, batch)
+    return topology
+
+
+def _audio_output(options: dict, ckpt) -> bool:
+    """``audio_output`` (default: whether the checkpoint has the speech half)."""
+    has_talker = getattr(ckpt.config, "talker_config", None) is not None
+    value = options.get("audio_output", has_talker)
+    speaks = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+    if speaks and not has_talker:
+        raise ValueError(f"qwen3-omni: {ckpt.path} has no talker (a thinker-only checkpoint): use --option audio_output=false")
+    return speaks
+
+
+def _add_speech(topology: Topology, path: str, dtype: str, options: dict, max_batch: int, batch: dict) -> None:
+    """The talker (fed by the thinker's ``hidden`` stream) and code2wav, for requests that ask for audio."""
+    kv = options.get("talker_kv_cache_bytes")
+    engine = dict(
+        max_num_seqs=max_batch,
+        kv_cache_bytes=None if kv is None else number_option(options, "talker_kv_cache_bytes", 0),
+        cuda_graphs=bool(options.get("cuda_graphs", True)),
+        enable_prefix_caching=False,  # prompts are embeddings
+    )
+    sampling = dict(
+        temperature=number_option(options, "talker_temperature", 0.9, kind=float, allow_zero=True),
+        top_k=number_option(options, "talker_top_k", 50, allow_zero=True),
+        top_p=number_option(options, "talker_top_p", 1.0, kind=float),
+        repetition_penalty=number_option(options, "talker_repetition_penalty", 1.05, kind=float),
+        max_tokens=number_option(options, "talker_max_tokens", 4096),
+    )
+    chunking = dict(
+        first_chunk=number_option(options, "audio_first_chunk", 4),
+        chunk=number_option(options, "audio_chunk", 25),
+        left_context=number_option(options, "audio_left_context", 25, allow_zero=True),
+    )
+    make = functools.partial
+    topology.stages += [
+        StageSpec("talker", "ar", make(talker_factory, checkpoint_dir=path, dtype=dtype, engine=engine, sampling=sampling), ("in",), ("codes",),
+                  options={"family": "qwen3-omni"}),
+        StageSpec("code2wav", "batch", make(code2wav_factory, checkpoint_dir=path, dtype=dtype, chunking=chunking), ("in",), ("audio",),
+                  options=dict(batch)),
+    ]
+    topology.edges += [
+        Edge("thinker.hidden", "talker.in", kind="stream", when=_speaks),
+        Edge("talker.codes", "code2wav.in", kind="stream"),
+    ]
+    topology.outputs["audio"] = "code2wav.audio"

@@ -31,9 +31,10 @@ class Stages:
         self.vision = VisionEncoderWorker(load_vision_encoder(ckpt, "cpu", torch.float32), ckpt)
         self.model = load_thinker(ckpt, "cpu", torch.float32)
 
-    def inputs(self, messages, rid="r"):
+    def inputs(self, messages, rid="r", **extra):
         out = {}
-        self.pre(Message(rid, "in", {"task": "chat", "messages": messages, "sampling": {"temperature": 0, "max_tokens": NEW_TOKENS}}),
+        payload = {"task": "chat", "messages": messages, "sampling": {"temperature": 0, "max_tokens": NEW_TOKENS}, **extra}
+        self.pre(Message(rid, "in", payload),
                  lambda port, payload, end=True: out.__setitem__(port, payload))
         joined = {"prompt": out["prompt"]}
         if "audio" in out:
@@ -42,12 +43,12 @@ class Stages:
             self.vision.process([Message(rid, "in", out["vision"])], lambda r, port, payload, end=True: joined.__setitem__("vision", payload))
         return out, joined
 
-    def worker(self, **engine):
+    def worker(self, speaks: bool = False, **engine):
         from omni_qwen3_omni.stages import ThinkerWorker
 
-        worker = ThinkerWorker(self.model, self.ckpt, EngineConfig(eos_token_ids=self.ckpt.tokens.eos, **engine), {})
+        worker = ThinkerWorker(self.model, self.ckpt, EngineConfig(eos_token_ids=self.ckpt.tokens.eos, **engine), {}, speaks)
         engine = AREngine(self.model, worker.engine_config)
-        worker.max_model_len = engine.max_model_len
+        worker.max_model_len, worker.engine = engine.max_model_len, engine
         return worker, engine
 
 
@@ -183,7 +184,7 @@ CONFIGS = {
     "no-prefix-cache": dict(block_size=8, enable_prefix_caching=False),
     # prompts prefilled in 24-token chunks (media rows and deepstack cut across chunks), and too few
     # blocks for every sequence: decode preempts and recomputes, media included
-    "chunked+preempt": dict(block_size=8, max_num_batched_tokens=24, num_kv_blocks=40),
+    "chunked+preempt": dict(block_size=8, max_num_batched_tokens=24, num_kv_blocks=32),
 }
 
 

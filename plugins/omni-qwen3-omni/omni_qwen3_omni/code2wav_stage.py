@@ -1,0 +1,86 @@
+"""The ``code2wav`` stage: the talker's frames of codes in, 24 kHz audio out, streamed in chunks.
+
+A request's frames are decoded once ``first_chunk`` of them have come, then every ``chunk``
+more (all that have come by then), and the rest at the end; each decode reads up to
+``left_context`` frames before its own (their samples were sent already), which is how the
+reference decodes a long sequence in pieces. Requests whose chunks have the same length and
+context run as one batch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from .code2wav import Code2Wav
+
+
+@dataclass
+class Chunking:
+    first_chunk: int = 4  # frames (80 ms each) before the first audio
+    chunk: int = 25
+    left_context: int = 25
+
+
+@dataclass
+class Decoding:
+    frames: list[torch.Tensor] = field(default_factory=list)  # [n, groups] pieces
+    count: int = 0  # frames received
+    done: int = 0  # frames decoded
+    ended: bool = False
+    last_seq: int = -1
+
+
+class Code2WavWorker:
+    def __init__(self, model: Code2Wav, chunking: Chunking):
+        self.model = model
+        self.chunking = chunking
+        self.device = model.code_embedding.weight.device
+        self.requests: dict[str, Decoding] = {}
+
+    def process(self, messages, emit) -> None:
+        jobs = []  # (request id, state, end frame)
+        for message in messages:
+            state = self.requests.setdefault(message.request_id, Decoding())
+            if message.seq > state.last_seq:  # a retried batch applies nothing twice
+                state.last_seq = message.seq
+                codes = torch.as_tensor(message.payload.get("codes", torch.zeros(0, 0))).reshape(-1, self.model.num_quantizers)
+                if codes.shape[0]:
+                    state.frames.append(codes)
+                    state.count += codes.shape[0]
+                state.ended = state.ended or message.end
+            due = self.chunking.first_chunk if state.done == 0 else self.chunking.chunk
+            if state.ended or state.count - state.done >= due:
+                jobs.append((message.request_id, state))
+        audio = self._decode(jobs)
+        for rid, state in jobs:
+            samples = audio.get(rid, torch.zeros(0))
+            state.done = state.count
+            if samples.numel() or state.ended:
+                emit(rid, "audio", {"audio": samples}, end=state.ended)
+            if state.ended:
+                self.release(rid)
+
+    @torch.inference_mode()
+    def _decode(self, jobs) -> dict[str, torch.Tensor]:
+        groups: dict[tuple[int, int], list[tuple[str, torch.Tensor]]] = defaultdict(list)
+        for rid, state in jobs:
+            if state.count == state.done:
+                continue
+            frames = torch.cat(state.frames)
+            context = min(self.chunking.left_context, state.done)
+            # keep only what later chunks can read as context
+            state.frames = [frames[max(0, frames.shape[0] - self.chunking.left_context) :]]
+            window = frames[frames.shape[0] - (state.count - state.done) - context :]
+            groups[(window.shape[0], context)].append((rid, window))
+        out: dict[str, torch.Tensor] = {}
+        for (_, context), rows in groups.items():
+            codes = torch.stack([w for _, w in rows]).transpose(1, 2).to(self.device)
+            samples = self.model.decode_chunk(codes, context).float().cpu()
+            out.update({rid: samples[i] for i, (rid, _) in enumerate(rows)})
+        return out
+
+    def release(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
