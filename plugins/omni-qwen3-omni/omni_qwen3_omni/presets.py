@@ -17,7 +17,7 @@ from pathlib import Path
 from .config import quiet_transformers
 
 MARKER = ".omni-preset"
-PRESET_REVISION = " (revision 3)"  # bumped when the preset's configs change: an older copy is rewritten
+PRESET_REVISION = " (revision 4)"  # bumped when the preset's configs change: an older copy is rewritten
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>",
     "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
@@ -163,6 +163,7 @@ def write_tiny(directory: str | Path, seed: int = 0, special_order: list[str] | 
         torch.manual_seed(seed)
         model = Qwen3OmniMoeForConditionalGeneration(config).eval()
         _init_left_empty(model, config, seed)
+        _audible(model, seed)
         # several shards, as the real checkpoint has: stages read only the shards of their prefix
         model.save_pretrained(directory, max_shard_size=f"{shard_kb}KB")
     GenerationConfig(eos_token_id=eos, pad_token_id=vocab["<|endoftext|>"]).save_pretrained(directory)
@@ -191,6 +192,22 @@ def _init_left_empty(model, config, seed: int) -> None:
         for name, param in model.named_parameters():
             if name.startswith("talker.model.") and ".mlp.experts." in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+
+def _audible(model, seed: int) -> None:
+    """Random code2wav weights give a waveform of ~1e-7, silence once written as 16-bit samples:
+    the last convolution is scaled so random codes peak near 0.5 (the speech stays noise, but
+    audible noise, which differs between speakers and replies)."""
+    import torch
+
+    codes = torch.randint(0, model.config.code2wav_config.codebook_size, (1, model.config.code2wav_config.num_quantizers, 16),
+                          generator=torch.Generator().manual_seed(seed))
+    last = model.code2wav.decoder[-1].conv
+    with torch.no_grad():
+        peak = float(model.code2wav(codes).abs().max())
+        if peak > 0:
+            last.weight.mul_(0.5 / peak)
+            last.bias.mul_(0.5 / peak)
 
 
 def _preprocessor_config() -> dict:

@@ -138,15 +138,6 @@ def test_limits_are_400s(client):
         client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": "hi"}], stop=["a", "b", "c", "d", "e"])
 
 
-def test_audio_replies_are_refused_until_the_family_speaks(client):
-    with pytest.raises(openai.BadRequestError, match="does not speak yet"):
-        client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": "hi"}], modalities=["text", "audio"],
-                                       audio={"format": "wav"}, max_tokens=4)
-    with pytest.raises(openai.BadRequestError, match="unknown voice 'chelsie'"):  # no voices to pick from yet
-        client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": "hi"}], modalities=["text", "audio"],
-                                       audio={"voice": "chelsie", "format": "wav"}, max_tokens=4)
-
-
 def test_big_seeds_and_long_stop_strings(client):
     reply = client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=(1 << 63) - 1,
                                            stop="a stop string longer than four characters")
