@@ -230,7 +230,7 @@ class AREngine:
                 raise RuntimeError("the engine cannot schedule any request: the KV cache is too small")
             return []
         if not is_prefill and self._overlaps(seqs):
-            self.in_flight = self.runner.launch(seqs, False, async_tokens=True)
+            self.in_flight = self.runner.launch(seqs, False)
             return self._finish_in_flight()
         sample_index, tokens, step_tensors = self.runner.run(seqs, is_prefill)
         return self._apply(seqs, is_prefill, sample_index, tokens, step_tensors)
@@ -241,7 +241,7 @@ class AREngine:
         # current's sequences passed _overlaps when it was launched, and the step ahead takes a subset
         ahead = self.scheduler.schedule_ahead(current.seqs)
         if ahead:
-            self.in_flight = self.runner.launch(ahead, False, ahead_of=current, async_tokens=True)
+            self.in_flight = self.runner.launch(ahead, False, ahead_of=current)
         sample_index, tokens, step_tensors = current.result()
         return self._apply(current.seqs, False, sample_index, tokens, step_tensors)
 

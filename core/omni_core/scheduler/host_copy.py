@@ -1,8 +1,14 @@
-"""Host tensors onto the device without waiting for the device.
+"""Copies between host and device that do not hold up other threads.
 
-A copy from pageable host memory may wait for everything queued on the stream, which would stall
-a step launched while the previous one still runs (overlapped decode). Pinned memory lets the
-copy queue behind that work instead; torch keeps a pinned block until its copy is done.
+To the device: a copy from pageable host memory may wait for everything queued on the stream,
+which would stall a step launched while the previous one still runs (overlapped decode). Pinned
+memory lets the copy queue behind that work instead; torch keeps a pinned block until its copy
+is done.
+
+To the host: reading a device tensor (``.cpu()``, ``.tolist()``) waits for the stream while
+holding Python's GIL, so every other stage thread of the process stops for as long (a vocoder
+stage starved by an AR stage's steps). ``to_host`` queues the copy into pinned memory and waits
+on an event, which releases the GIL.
 """
 
 from __future__ import annotations
@@ -15,3 +21,24 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return host
+
+
+def to_host_later(t: torch.Tensor) -> torch.Tensor:
+    """The copy queued into pinned memory, without waiting: valid once the stream's later work
+    is waited for (an engine step's tokens, read after its hooks' outputs were queued)."""
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host

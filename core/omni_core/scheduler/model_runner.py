@@ -203,12 +203,12 @@ class ModelRunner:
         return self.launch(seqs, is_prefill).result()
 
     @torch.inference_mode()
-    def launch(self, seqs: list[Sequence], is_prefill: bool, ahead_of: LaunchedStep | None = None, async_tokens: bool = False) -> LaunchedStep:
+    def launch(self, seqs: list[Sequence], is_prefill: bool, ahead_of: LaunchedStep | None = None) -> LaunchedStep:
         """Enqueues one step; its tokens come to the host on ``result()``. ``ahead_of``: a decode
         step whose tokens are still on the device: this decode step takes them as its input
         tokens (one per sequence, ``seqs`` a subset of that step's in its order), so it can be
-        launched before they are read. ``async_tokens``: copy the tokens to the host without
-        waiting (``result()`` then waits for this step alone)."""
+        launched before they are read. On CUDA the tokens go to the host without waiting:
+        ``result()`` then waits for this step alone."""
         ahead_ids = None
         if ahead_of is not None:
             ahead_ids = ahead_of.token_ids
@@ -262,9 +262,11 @@ class ModelRunner:
                     token_ids = replaced
         step = LaunchedStep(seqs, sample_index, token_ids, self._per_sequence_outputs(seqs, batch, captured, query_lens, sample_index))
         if token_ids is not None and token_ids.device.type == "cuda":
+            # always through pinned memory and an event: waiting on an event lets other threads
+            # run Python (a vocoder stage's launches), where reading a device tensor holds the GIL
+            # for the whole step
             written = self._tokens_in_host_memory(graph_key, len(seqs)) if token_ids is greedy else None
-            if written is not None or async_tokens:
-                step.copy_tokens_to_host(written)
+            step.copy_tokens_to_host(written)
         return step
 
     def _tokens_in_host_memory(self, graph_key: tuple[int, int] | None, n: int) -> torch.Tensor | None:

@@ -8,11 +8,12 @@ stream message is applied once even if the executor retries a batch (its seq is 
 from __future__ import annotations
 
 from collections import OrderedDict
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omni_core.scheduler.host_copy import to_host
+from omni_core.scheduler.stage_stream import StageStream
 
 from .chunking import FlowStream
 from .flow import FlowModel, FlowRequest
@@ -88,27 +89,10 @@ class _Applied:
             self.released.popitem(last=False)
 
 
-class _OwnStream:
-    """A CUDA stream of the stage's own, so its work overlaps the llm's decode steps instead of
-    queueing behind them on the default stream; a no-op elsewhere. Made on first use: stages
-    start in parallel and the llm engine's graph capture forbids other threads' syncs then."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.stream = device, None
-
-    def __call__(self):
-        if self.device.type != "cuda":
-            return nullcontext()
-        if self.stream is None:
-            self.stream = torch.cuda.Stream(self.device)
-            torch.cuda.synchronize(self.device)  # weights were copied on the default stream
-        return torch.cuda.stream(self.stream)
-
-
 class FlowWorker:
     def __init__(self, model: FlowModel, hop: int, max_hop: int):
         self.model = model
-        self.stream = _OwnStream(model.input_embedding.weight.device)
+        self.stream = StageStream(model.input_embedding.weight.device)
         self.hop, self.max_hop = hop, max_hop
         self.streams: dict[str, FlowStream] = {}
         self.extra: dict[str, dict[str, Any]] = {}
@@ -182,7 +166,7 @@ class FlowWorker:
             for rid, s, end, _ in jobs
             if rid in mels
         ]
-        host = iter(torch.cat(pieces).cpu().split([p.numel() for p in pieces]) if pieces else ())
+        host = iter(to_host(torch.cat(pieces)).split([p.numel() for p in pieces]) if pieces else ())
         for rid, stream, end, final in jobs:
             delta = next(host) if rid in mels else torch.zeros(0)
             delta = delta.view(bins, delta.numel() // bins)
@@ -207,7 +191,7 @@ class FlowWorker:
 class HiftWorker:
     def __init__(self, model: HiftGenerator):
         self.model = model
-        self.stream = _OwnStream(model.conv_post.weight.device)
+        self.stream = StageStream(model.conv_post.weight.device)
         self.mel: dict[str, torch.Tensor] = {}
         self.sent: dict[str, int] = {}
         self.applied = _Applied()
@@ -247,7 +231,7 @@ class HiftWorker:
         if todo:
             outs = self.model.infer([self.mel[rows[i][0]] for i in todo])
             pieces = [out[spans[i][0] : spans[i][1]] for i, out in zip(todo, outs, strict=True)]
-            host = torch.cat(pieces).cpu().split([p.numel() for p in pieces])
+            host = to_host(torch.cat(pieces)).split([p.numel() for p in pieces])
             deltas = dict(zip(todo, host, strict=True))
         self.sent = sent
         for i, (rid, end, usage) in enumerate(rows):

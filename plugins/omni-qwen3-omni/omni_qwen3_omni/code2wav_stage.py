@@ -13,6 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
+from omni_core.scheduler.host_copy import to_host
+from omni_core.scheduler.stage_stream import StageStream
 
 from .code2wav import Code2Wav
 
@@ -38,9 +40,14 @@ class Code2WavWorker:
         self.model = model
         self.chunking = chunking
         self.device = model.code_embedding.weight.device
+        self.stream = StageStream(self.device)  # decodes overlap the talker's steps
         self.requests: dict[str, Decoding] = {}
 
     def process(self, messages, emit) -> None:
+        with self.stream():
+            self._process(messages, emit)
+
+    def _process(self, messages, emit) -> None:
         jobs = []  # (request id, state, end frame)
         for message in messages:
             state = self.requests.setdefault(message.request_id, Decoding())
@@ -78,7 +85,7 @@ class Code2WavWorker:
         out: dict[str, torch.Tensor] = {}
         for (_, context), rows in groups.items():
             codes = torch.stack([w for _, w in rows]).transpose(1, 2).to(self.device)
-            samples = self.model.decode_chunk(codes, context).float().cpu()
+            samples = to_host(self.model.decode_chunk(codes, context).float())
             out.update({rid: samples[i] for i, (rid, _) in enumerate(rows)})
         return out
 

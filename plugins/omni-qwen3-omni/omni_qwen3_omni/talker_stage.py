@@ -29,11 +29,12 @@ from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
 from omni_core.scheduler.hooks import ARHooks, StepBatch
-from omni_core.scheduler.host_copy import to_device
+from omni_core.scheduler.host_copy import to_device, to_host_later
 from omni_core.scheduler.sampler import Sampler, SamplingTensors
 from omni_core.scheduler.sampling_params import SamplingParams
 
 from .code_predictor import CodePredictor
+from .predictor_graphs import PredictorGraphs
 from .speech import SpeechIds, assistant_codec_ids, assistant_text_ids, first_text_ready, trailing_id
 from .talker import TalkerLM, TalkerProjections
 
@@ -102,7 +103,8 @@ class TalkerHooks(ARHooks):
         codes, sums = self.w.predict(hidden, token_ids, states, batch.num_output_tokens)
         for state, row in zip(states, sums, strict=True):
             state.residual_sums.append(row)
-        batch.step_outputs["codes"] = codes.cpu()  # one copy for the batch; the step's tokens sync anyway
+        # one copy for the batch, ready when the step's tokens are (queued before them)
+        batch.step_outputs["codes"] = to_host_later(codes)
 
 
 class TalkerWorker(ARStageWorker):
@@ -123,6 +125,12 @@ class TalkerWorker(ARStageWorker):
         self.sampler = Sampler()
         self.states: dict[str, Speaking] = {}
         model.suppress(speech.suppressed())
+        # on CUDA the code predictor replays a graph per batch size (predictor_graphs)
+        graphs = self.device.type == "cuda" and engine_config.cuda_graphs
+        self.predictor_graphs = PredictorGraphs(self._predict_rows) if graphs else None
+        if self.predictor_graphs is not None:
+            like = torch.zeros(1, model.hidden_size, device=self.device, dtype=self.dtype)
+            self.predictor_graphs.capture(engine_config.max_num_seqs, sampling.temperature == 0, like)
 
     # -- the thinker's stream ------------------------------------------------------------------
 
@@ -199,17 +207,20 @@ class TalkerWorker(ARStageWorker):
     @torch.inference_mode()
     def predict(self, hidden: torch.Tensor, code0: torch.Tensor, states: list[Speaking], done: list[int]):
         """The residual codes of each row's new frame [N, groups - 1] and their embedding sum [N, H]."""
-        s = self.sampling
-        if s.temperature == 0:
+        ids = to_device(torch.tensor([[st.seed for st in states], done], dtype=torch.int64), self.device)
+        run = self.predictor_graphs or self._predict_rows
+        return run(hidden, code0, ids[0], ids[1], self.sampling.temperature == 0)
+
+    def _predict_rows(self, hidden: torch.Tensor, code0: torch.Tensor, seeds: torch.Tensor, frames: torch.Tensor, greedy: bool):
+        """``predict`` from device tensors only (no host work: it runs inside a CUDA graph)."""
+        if greedy:
             return self.predictor(hidden, self.model.embed(code0))
+        s = self.sampling
         n = hidden.shape[0]
         groups = self.speech.num_code_groups
-        f32 = dict(dtype=torch.float32, device=self.device)
-        i64 = dict(dtype=torch.int64, device=self.device)
-        seeds = torch.tensor([st.seed for st in states], **i64)
-        frames = torch.tensor(done, **i64)
+        f32 = dict(dtype=torch.float32, device=hidden.device)
         tensors = SamplingTensors(
-            temperature=torch.ones(n, **f32), top_k=torch.full((n,), s.predictor_top_k, **i64),
+            temperature=torch.ones(n, **f32), top_k=torch.full((n,), s.predictor_top_k, dtype=torch.int64, device=hidden.device),
             top_p=torch.full((n,), s.predictor_top_p, **f32), min_p=None, seeds=seeds, steps=None,
             all_greedy=False, any_top_k=s.predictor_top_k > 0, any_top_p=s.predictor_top_p < 1, any_min_p=False,
             max_top_k=s.predictor_top_k,

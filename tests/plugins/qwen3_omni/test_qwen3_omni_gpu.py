@@ -1,6 +1,7 @@
 """On a GPU: the thinker on CUDA, its MoE layers in the fused kernels and its decode steps in
 CUDA graphs, gives transformers' greedy tokens (float32) for the eight chats together; in
-bfloat16 it serves them too. Skipped without CUDA."""
+bfloat16 it serves them too. The talker's decode graphs and the code predictor's graphs give the
+codes and speech of the same stages launched kernel by kernel. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from omni_core.scheduler.engine import AREngine, EngineConfig
 from omni_core.scheduler.executor import Message
 
 from .test_qwen3_omni_parity import NEW_TOKENS, Stages, chats, expected  # noqa: F401 - fixture
+from .test_qwen3_omni_speech_parity import SpeakingPipeline
+from .test_qwen3_omni_speech_parity import chats as speech_chats
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -48,3 +51,17 @@ def test_cuda_graphs_with_fused_moe_give_transformers_tokens(stages, expected): 
 def test_bfloat16_on_cuda_generates(stages):
     tokens = _run_on_cuda(stages, torch.bfloat16)
     assert all(len(t) == NEW_TOKENS or t[-1] in stages.ckpt.tokens.eos for t in tokens.values())
+
+
+def test_talker_in_cuda_graphs_speaks_as_without_them(tiny_dir):
+    """The talker's decode graphs and the code predictor's graphs change nothing: the same codes
+    and samples as the same stages on CUDA launching kernel by kernel."""
+    runs = []
+    for graphs in (True, False):
+        pipeline = SpeakingPipeline(tiny_dir, device="cuda", cuda_graphs=graphs)
+        assert bool(pipeline.talker_engine.runner.graphs) == graphs and (pipeline.talker.predictor_graphs is not None) == graphs
+        runs.append(pipeline.run(speech_chats()))
+    for name in speech_chats():
+        assert runs[0][name]["ids"] == runs[1][name]["ids"]
+        assert runs[0][name]["codes"].tolist() == runs[1][name]["codes"].tolist(), name
+        torch.testing.assert_close(torch.as_tensor(runs[0][name]["audio"]), torch.as_tensor(runs[1][name]["audio"]))

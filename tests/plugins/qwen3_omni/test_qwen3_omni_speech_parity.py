@@ -47,7 +47,7 @@ def hf_model(tiny_dir):
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_dir, hf_model):
+def speech_expected(tiny_dir, hf_model):
     """transformers' reply ids and waveform for each chat, alone."""
     stages = Stages(tiny_dir)
     eos = list(stages.ckpt.tokens.eos)
@@ -78,7 +78,7 @@ class SpeakingPipeline:
     talker step), so the batches each engine runs are the same every time: the replies of a tiny
     random MoE can flip on a near-tie in expert routing when a batch's composition changes."""
 
-    def __init__(self, tiny_dir: str):
+    def __init__(self, tiny_dir: str, device: str = "cpu", cuda_graphs: bool = True):
         from omni_qwen3_omni.checkpoint import (
             load_code2wav,
             load_code_predictor,
@@ -94,12 +94,12 @@ class SpeakingPipeline:
         ckpt = self.stages.ckpt
         self.stages.pre = Preprocessor(ckpt, self.stages.pre.limits, speaks=True)
         self.thinker, self.thinker_engine = self.stages.worker(speaks=True)
-        model, projections = load_talker(ckpt, "cpu", torch.float32)
-        self.talker = TalkerWorker(model, projections, load_code_predictor(ckpt, "cpu", torch.float32), load_thinker_embedding(ckpt, "cpu", torch.float32),
-                                   SpeechIds.of(ckpt), EngineConfig(block_size=8), TalkerSampling(temperature=0, max_tokens=TALKER_TOKENS))
-        self.talker_engine = AREngine(model, self.talker.engine_config, hooks=self.talker.hooks)
+        model, projections = load_talker(ckpt, device, torch.float32)
+        self.talker = TalkerWorker(model, projections, load_code_predictor(ckpt, device, torch.float32), load_thinker_embedding(ckpt, device, torch.float32),
+                                   SpeechIds.of(ckpt), EngineConfig(block_size=8, max_num_seqs=8, cuda_graphs=cuda_graphs), TalkerSampling(temperature=0, max_tokens=TALKER_TOKENS))
+        self.talker_engine = AREngine(model, self.talker.engine_config, hooks=self.talker.hooks, device=device)
         self.talker.engine, self.talker.max_model_len = self.talker_engine, self.talker_engine.max_model_len
-        self.code2wav = Code2WavWorker(load_code2wav(ckpt, "cpu", torch.float32), Chunking(first_chunk=300, chunk=300))
+        self.code2wav = Code2WavWorker(load_code2wav(ckpt, device, torch.float32), Chunking(first_chunk=300, chunk=300))
 
     def run(self, chats: dict[str, list[dict]]) -> dict[str, dict]:
         out = {name: {"ids": [], "frames": [], "audio": []} for name in chats}
@@ -147,8 +147,11 @@ class SpeakingPipeline:
         return out
 
 
-def test_speech_equals_transformers_generate(tiny_dir, expected):
-    pipeline = SpeakingPipeline(tiny_dir)
+def test_speech_equals_transformers_generate(tiny_dir, speech_expected):
+    check_against_transformers(SpeakingPipeline(tiny_dir), speech_expected)
+
+
+def check_against_transformers(pipeline: SpeakingPipeline, expected: dict) -> None:
     results = pipeline.run({**chats(), "empty": EMPTY_REPLY})
     assert pipeline.waits > 0  # the talker started before the thinker ended, and caught up with it
     empty = results.pop("empty")
