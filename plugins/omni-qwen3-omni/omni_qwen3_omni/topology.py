@@ -17,6 +17,7 @@ import functools
 import json
 from pathlib import Path
 
+import torch
 from omni_core.hooks import number_option
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.scheduler.engine import EngineConfig
@@ -66,7 +67,13 @@ def talker_factory(context, checkpoint_dir: str, dtype: str, engine: dict, sampl
     model, projections = load_talker(ckpt, device, torch_dtype)
     predictor = load_code_predictor(ckpt, device, torch_dtype)
     table = load_thinker_embedding(ckpt, device, torch_dtype)
+    if engine["kv_cache_bytes"] is None and torch.device(device).type == "cuda":
+        # not the engine's default half of the free memory: the thinker's engine shares the GPU
+        engine = dict(engine, kv_cache_bytes=TALKER_KV_BYTES)
     return TalkerWorker(model, projections, predictor, table, SpeechIds.of(ckpt), EngineConfig(**engine), TalkerSampling(**sampling))
+
+
+TALKER_KV_BYTES = 2 << 30  # ~100k positions of the real talker (20 KB each in bf16): 64 streams of 2 minutes
 
 
 def code2wav_factory(context, checkpoint_dir: str, dtype: str, chunking: dict):

@@ -1,8 +1,10 @@
 """Shared fixtures: the tiny Qwen3-Omni checkpoint (and one whose special tokens sit at other
-ids), transformers' model on the same weights, and media made here (PNG, WAV, MP4)."""
+ids), transformers' model on the same weights, media made here (PNG, WAV, MP4), and a server of
+the tiny preset with the `openai` client on it."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import numpy as np
@@ -91,3 +93,23 @@ def wav(samples: torch.Tensor, rate: int = 16000) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, samples.numpy(), rate, format="WAV")
     return buf.getvalue()
+
+
+@contextlib.contextmanager
+def tiny_server(omni_cache, workdir, *options: str):
+    """`omni serve --family qwen3-omni --preset tiny` with ``--option`` values, on loopback."""
+    from tests.helpers.server import OmniServer
+
+    args = [arg for option in options for arg in ("--option", option)]
+    proc = OmniServer("qwen3-omni", workdir, "--preset", "tiny", *args, OMNI_PLUGINS="qwen3-omni", OMNI_CACHE=str(omni_cache))
+    try:
+        proc.wait_ready(timeout_s=180)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def openai_client(server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)

@@ -13,25 +13,18 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.server import OmniServer
-
-from .conftest import mp4, noise, png, wav
+from .conftest import mp4, noise, openai_client, png, tiny_server, wav
 
 
 @pytest.fixture(scope="module")
 def server(omni_cache, tiny_dir, tmp_path_factory):
-    proc = OmniServer(
-        "qwen3-omni", tmp_path_factory.mktemp("qwen3-omni-serve"), "--preset", "tiny", "--option", "max_model_len=1024",
-        "--option", "max_images=3", OMNI_PLUGINS="qwen3-omni", OMNI_CACHE=str(omni_cache),
-    )
-    proc.wait_ready(timeout_s=180)
-    yield proc
-    proc.stop()
+    with tiny_server(omni_cache, tmp_path_factory.mktemp("qwen3-omni-serve"), "max_model_len=1024", "max_images=3") as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def data_url(mime: str, data: bytes) -> str:

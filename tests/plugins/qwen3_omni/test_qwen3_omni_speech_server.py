@@ -18,24 +18,21 @@ import openai
 import pytest
 import soundfile as sf
 
-from tests.helpers.server import OmniServer
+from .conftest import openai_client, tiny_server
 
-SPEECH = ("--option", "talker_temperature=0", "--option", "talker_max_tokens=40", "--option", "max_model_len=1024")
+SPEECH = ("talker_temperature=0", "talker_max_tokens=40", "max_model_len=1024")
 HELLO = [{"role": "user", "content": "Good morning! What is new?"}]
 
 
 @pytest.fixture(scope="module")
 def server(omni_cache, tiny_dir, tmp_path_factory):
-    proc = OmniServer("qwen3-omni", tmp_path_factory.mktemp("qwen3-omni-speech"), "--preset", "tiny", *SPEECH,
-                      OMNI_PLUGINS="qwen3-omni", OMNI_CACHE=str(omni_cache))
-    proc.wait_ready(timeout_s=180)
-    yield proc
-    proc.stop()
+    with tiny_server(omni_cache, tmp_path_factory.mktemp("qwen3-omni-speech"), *SPEECH) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def decode(data: bytes) -> tuple[np.ndarray, int]:
@@ -128,18 +125,13 @@ def test_client_leaving_mid_stream_frees_both_engines(server, client):
 
 
 def test_thinker_only_deployment_refuses_audio(omni_cache, tmp_path):
-    proc = OmniServer("qwen3-omni", tmp_path, "--preset", "tiny", "--option", "audio_output=false",
-                      OMNI_PLUGINS="qwen3-omni", OMNI_CACHE=str(omni_cache))
-    try:
-        proc.wait_ready(timeout_s=180)
-        client = openai.OpenAI(base_url=f"{proc.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    with tiny_server(omni_cache, tmp_path, "audio_output=false") as proc:
+        client = openai_client(proc)
         with pytest.raises(openai.BadRequestError, match="--option audio_output"):
             client.chat.completions.create(model="qwen3-omni", messages=HELLO, modalities=["text", "audio"], audio={"format": "wav"}, max_tokens=4)
         assert client.chat.completions.create(model="qwen3-omni", messages=HELLO, max_tokens=4).choices[0].message.content is not None
         metrics = httpx.get(f"{proc.url}/metrics", timeout=10).text
         assert 'stage="thinker"' in metrics and 'stage="talker"' not in metrics  # no talker built
-    finally:
-        proc.stop()
 
 
 def test_each_stage_in_its_own_process_speaks_as_in_one(tiny_dir):
