@@ -5,10 +5,9 @@ which would stall a step launched while the previous one still runs (overlapped 
 memory lets the copy queue behind that work instead; torch keeps a pinned block until its copy
 is done.
 
-To the host: reading a device tensor (``.cpu()``, ``.tolist()``) waits for the stream while
-holding Python's GIL, so every other stage thread of the process stops for as long (a vocoder
-stage starved by an AR stage's steps). ``to_host`` queues the copy into pinned memory and waits
-on an event, which releases the GIL.
+To the host: ``to_host`` queues the copy into pinned memory and waits on an event, whose wait
+(torch's ``Event.synchronize``) releases Python's GIL, so the other stage threads of the process
+run their Python meanwhile; a blocking ``.cpu()`` is not documented to.
 """
 
 from __future__ import annotations

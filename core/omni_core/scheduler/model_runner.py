@@ -262,9 +262,8 @@ class ModelRunner:
                     token_ids = replaced
         step = LaunchedStep(seqs, sample_index, token_ids, self._per_sequence_outputs(seqs, batch, captured, query_lens, sample_index))
         if token_ids is not None and token_ids.device.type == "cuda":
-            # always through pinned memory and an event: waiting on an event lets other threads
-            # run Python (a vocoder stage's launches), where reading a device tensor holds the GIL
-            # for the whole step
+            # always through pinned memory and an event, whose wait releases the GIL: other stage
+            # threads of the process (a vocoder's) run their Python meanwhile
             written = self._tokens_in_host_memory(graph_key, len(seqs)) if token_ids is greedy else None
             step.copy_tokens_to_host(written)
         return step
