@@ -3,7 +3,7 @@ waiting for its next chunk is paused (keeps its KV blocks, sits out the steps) a
 it; pausing changes none of its tokens; other requests run on meanwhile; an aborted paused
 request frees its blocks."""
 
-from omni_core.scheduler import ARStageWorker, EngineConfig, SamplingParams
+from omni_core.scheduler import ARStageWorker, EngineConfig
 from omni_core.scheduler.executor import Message
 
 from .test_ar_executor import Collector, start_executor
