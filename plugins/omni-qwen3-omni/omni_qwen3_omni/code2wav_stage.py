@@ -9,7 +9,7 @@ context run as one batch.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +17,8 @@ from omni_core.scheduler.host_copy import to_host
 from omni_core.scheduler.stage_stream import StageStream
 
 from .code2wav import Code2Wav
+
+RELEASED_MEMORY = 4096  # ended requests remembered
 
 
 @dataclass
@@ -42,6 +44,8 @@ class Code2WavWorker:
         self.device = model.code_embedding.weight.device
         self.stream = StageStream(self.device)  # decodes overlap the talker's steps
         self.requests: dict[str, Decoding] = {}
+        # requests already ended or aborted: a message still in flight for one creates no state
+        self.released: OrderedDict[str, None] = OrderedDict()
 
     def process(self, messages, emit) -> None:
         with self.stream():
@@ -50,6 +54,8 @@ class Code2WavWorker:
     def _process(self, messages, emit) -> None:
         jobs = []  # (request id, state, end frame)
         for message in messages:
+            if message.request_id in self.released:
+                continue
             state = self.requests.setdefault(message.request_id, Decoding())
             if message.seq > state.last_seq:  # a retried batch applies nothing twice
                 state.last_seq = message.seq
@@ -91,3 +97,6 @@ class Code2WavWorker:
 
     def release(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        self.released[request_id] = None
+        while len(self.released) > RELEASED_MEMORY:
+            self.released.popitem(last=False)
