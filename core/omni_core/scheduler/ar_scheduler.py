@@ -2,9 +2,10 @@
 
 A step is either a prefill step (prompts, possibly a chunk of one, under a token budget) or a
 decode step (one token for every running sequence); prefill goes first so new requests join the
-running batch as soon as possible. When a decode step lacks a KV block, the most recently
-admitted sequence is preempted: its blocks are freed and it re-enters the waiting queue to be
-recomputed (its prompt is then prompt + tokens generated so far).
+running batch as soon as possible. When a decode step lacks a KV block, a paused sequence
+(waiting for input), else the most recently admitted one, is preempted: its blocks are freed and
+it re-enters the waiting queue to be recomputed (its prompt is then prompt + tokens generated so
+far; a paused one once it is resumed).
 """
 
 from __future__ import annotations
@@ -75,10 +76,13 @@ class Scheduler:
     def _schedule_decode(self) -> list[Sequence]:
         batch: list[Sequence] = []
         candidates = deque(s for s in self.running if not s.paused)
+        # paused sequences (waiting for input) give their blocks up first, newest first; they
+        # are recomputed once resumed
+        paused = [s for s in self.running if s.paused]
         while candidates:
             seq = candidates.popleft()
             while not self.block_manager.can_append(seq):
-                victim = candidates.pop() if candidates else seq
+                victim = paused.pop() if paused else candidates.pop() if candidates else seq
                 self._preempt(victim)
                 if victim is seq:
                     break

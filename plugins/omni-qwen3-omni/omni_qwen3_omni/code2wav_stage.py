@@ -70,6 +70,9 @@ class Code2WavWorker:
         audio = self._decode(jobs)
         for rid, state in jobs:
             samples = audio.get(rid, torch.zeros(0))
+            # only now that the decode worked: a failed batch is retried message by message
+            frames = torch.cat(state.frames) if state.frames else None
+            state.frames = [] if frames is None else [frames[max(0, frames.shape[0] - self.chunking.left_context) :]]
             state.done = state.count
             if samples.numel() or state.ended:
                 emit(rid, "audio", {"audio": samples}, end=state.ended)
@@ -78,14 +81,13 @@ class Code2WavWorker:
 
     @torch.inference_mode()
     def _decode(self, jobs) -> dict[str, torch.Tensor]:
+        """Each job's new frames' samples; changes no request's state."""
         groups: dict[tuple[int, int], list[tuple[str, torch.Tensor]]] = defaultdict(list)
         for rid, state in jobs:
             if state.count == state.done:
                 continue
             frames = torch.cat(state.frames)
             context = min(self.chunking.left_context, state.done)
-            # keep only what later chunks can read as context
-            state.frames = [frames[max(0, frames.shape[0] - self.chunking.left_context) :]]
             window = frames[frames.shape[0] - (state.count - state.done) - context :]
             groups[(window.shape[0], context)].append((rid, window))
         out: dict[str, torch.Tensor] = {}

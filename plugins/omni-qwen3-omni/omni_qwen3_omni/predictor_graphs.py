@@ -28,9 +28,9 @@ class PredictorGraphs:
     def capture(self, max_batch: int, greedy: bool, like: torch.Tensor) -> None:
         """Every size up to ``max_batch`` now (at start-up), not in the middle of a request."""
         for size in SIZES:
-            if size > max_batch and size != SIZES[0]:
-                break
             self.graphs[(size, greedy)] = self._capture(size, greedy, like)
+            if size >= max_batch:  # the size a full batch pads to is the last one needed
+                break
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor, code0: torch.Tensor, seeds: torch.Tensor, frames: torch.Tensor, greedy: bool):

@@ -329,14 +329,15 @@ class ThinkerWorker(ARStageWorker):
             start, end = voicing.rows_seen, voicing.rows_seen + states.shape[0]
             for j, position in enumerate(plan["media_positions"]):
                 if start <= position < end and j == len(voicing.media_states):
-                    voicing.media_states.append(states[position - start])
+                    voicing.media_states.append(states[position - start].clone())  # not a view pinning the chunk
             voicing.rows_seen = end
         voicing.spoken.extend(new_token_ids)
         if not voicing.sent:
             if not (first_text_ready(voicing.spoken) or done):
                 return
             media = torch.stack(voicing.media_states).float().cpu() if voicing.media_states else None
-            emit("hidden", {"plan": plan, "spoken": voicing.spoken, "media_hidden": media, "seed": voicing.seed}, end=done)
+            # a copy: in one process the message is not serialized, and this list keeps growing
+            emit("hidden", {"plan": plan, "spoken": list(voicing.spoken), "media_hidden": media, "seed": voicing.seed}, end=done)
             voicing.sent = True
         elif new_token_ids or done:
             emit("hidden", {"token_ids": list(new_token_ids)}, end=done)

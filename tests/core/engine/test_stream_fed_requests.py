@@ -3,7 +3,7 @@ waiting for its next chunk is paused (keeps its KV blocks, sits out the steps) a
 it; pausing changes none of its tokens; other requests run on meanwhile; an aborted paused
 request frees its blocks."""
 
-from omni_core.scheduler import ARStageWorker, EngineConfig
+from omni_core.scheduler import AREngine, ARStageWorker, EngineConfig, EngineRequest, SamplingParams
 from omni_core.scheduler.executor import Message
 
 from .test_ar_executor import Collector, start_executor
@@ -75,3 +75,30 @@ def test_a_stage_of_one_message_a_request_refuses_a_second(tiny_model):
         assert "takes one message a request" in collector.failures[0][1]
     finally:
         executor.stop()
+
+
+def test_paused_requests_give_their_blocks_up_first(tiny_model):
+    """A request that needs a block others hold preempts a paused one (recomputed once resumed),
+    not itself: the paused request's tokens are still those it makes alone."""
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    alone = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=16)).generate([PROMPT], params)[0].token_ids
+    engine = AREngine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=8))  # 7 blocks make one whole request
+    tokens = {"paused": [], "other": []}
+
+    def step():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+
+    engine.add_request(EngineRequest("paused", prompt_token_ids=PROMPT, params=params))
+    while len(tokens["paused"]) < 4:
+        step()
+    engine.pause("paused")
+    engine.add_request(EngineRequest("other", prompt_token_ids=PROMPT, params=params))
+    while engine.has_runnable():
+        step()
+    assert tokens["other"] == alone and engine.stats()["preemptions"] > 0
+    engine.resume("paused")
+    while engine.has_unfinished():
+        step()
+    assert tokens["paused"] == alone
+    assert engine.stats()["kv_blocks_free"] == engine.stats()["kv_blocks_total"]
