@@ -54,7 +54,7 @@ class ARStageWorker:
     A stage fed by a stream edge gets the stream's first chunk in ``make_request`` and each later
     one in ``on_input`` (chunks of requests the engine no longer holds are dropped). A request
     that needs a chunk that has not come yet is paused (``self.engine.pause(request_id)``: it
-    keeps its KV blocks and sits out the steps) and resumed when the chunk comes
+    sits out the steps, keeping its KV blocks unless a step lacks them) and resumed when the chunk comes
     (``self.engine.resume``). ``make_request``, ``on_input``, ``on_output`` and ``release`` all
     run on the engine's thread.
     """

@@ -83,7 +83,7 @@ class Sequence:
         self.num_scheduled_tokens = 0  # tokens this step computes
         self.finish_reason: str | None = None
         # a running sequence that waits for input from outside (a stream it is fed from): it
-        # keeps its blocks but is left out of decode steps until resumed (AREngine.pause)
+        # is left out of steps until resumed, and preempted first when blocks run out (AREngine.pause)
         self.paused = False
 
     def __len__(self) -> int:

@@ -11,8 +11,8 @@ they come (``on_input``). Each step, for the whole batch at once:
 - ``post_prefill`` / ``post_decode``: the code predictor fills codebooks 1.. of the frame whose
   first code was just sampled, from the talker's last hidden state.
 
-A request whose next reply token has not come is paused (it keeps its KV blocks and sits out the
-steps) and resumed by the chunk that brings it. A frame is sent once the talker has taken its
+A request whose next reply token has not come is paused (it sits out the steps, keeping its KV
+blocks unless others need them) and resumed by the chunk that brings it. A frame is sent once the talker has taken its
 next step (the last frame, the one ending at the codec's eos or at the length limit, is never
 voiced, as the reference does). When a preempted request is recomputed, ``before_prefill``
 adds the same sums to its generated rows.
