@@ -12,10 +12,10 @@ they come (``on_input``). Each step, for the whole batch at once:
   first code was just sampled, from the talker's last hidden state.
 
 A request whose next reply token has not come is paused (it sits out the steps, keeping its KV
-blocks unless others need them) and resumed by the chunk that brings it. A frame is sent once the talker has taken its
-next step (the last frame, the one ending at the codec's eos or at the length limit, is never
-voiced, as the reference does). When a preempted request is recomputed, ``before_prefill``
-adds the same sums to its generated rows.
+blocks unless others need them) and resumed by the chunk that brings it. Each step's frame is
+sent as it comes, but the last one (the codec's eos, or the length limit's), which is never
+voiced, as the reference does. When a preempted request is recomputed, ``before_prefill`` adds
+the same sums to its generated rows.
 """
 
 from __future__ import annotations
@@ -61,9 +61,7 @@ class Speaking:
     finished: bool  # the thinker's reply is complete
     prompt_len: int
     seed: int
-    silent: bool = False  # the reply is too short to voice
     residual_sums: list[torch.Tensor] = field(default_factory=list)  # per generated frame
-    pending: torch.Tensor | None = None  # the newest frame's codes, sent after the next step
 
 
 class TalkerHooks(ARHooks):
@@ -140,10 +138,10 @@ class TalkerWorker(ARStageWorker):
         seed = p.get("seed")
         seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF if seed is None else int(seed) % (1 << 31)
         silent = not first_text_ready(spoken)
-        if silent:  # a reply of one token: nothing to say; one step, then the stream ends
+        if silent:  # a reply of one token: nothing to say; one step (max_tokens 1), whose frame is not voiced
             spoken = spoken + [self.speech.tts_eos] * 2
         embeds = self._prompt_embeds(plan, spoken, p.get("media_hidden"))
-        state = Speaking(spoken, finished, embeds.shape[0], seed, silent)
+        state = Speaking(spoken, finished, embeds.shape[0], seed)
         self.states[message.request_id] = state
         s = self.sampling
         params = SamplingParams(
@@ -237,25 +235,13 @@ class TalkerWorker(ARStageWorker):
 
     def on_output(self, request_id, new_token_ids, finished, step_outputs, emit) -> bool:
         state = self.states[request_id]
-        if state.silent:
-            emit("codes", {"codes": torch.zeros(0, self.speech.num_code_groups, dtype=torch.int64)}, end=True)
-            self.states.pop(request_id, None)
-            return True
-        frame = None
-        if new_token_ids:
-            frame = torch.cat([torch.tensor(new_token_ids, dtype=torch.int64), step_outputs["codes"].to(torch.int64)])
-        if state.pending is not None and frame is not None:
-            emit("codes", {"codes": state.pending[None]}, end=finished)
-            state.pending = None
-            if finished:
-                self.states.pop(request_id, None)
-                return False
-        if finished:  # the newest frame (the codec's eos, or the length limit's) is not voiced
+        if finished:  # its frame (the codec's eos, or the length limit's) is not voiced
             emit("codes", {"codes": torch.zeros(0, self.speech.num_code_groups, dtype=torch.int64)}, end=True)
             self.states.pop(request_id, None)
             return False
-        if frame is not None:
-            state.pending = frame
+        if new_token_ids:
+            frame = torch.cat([torch.tensor(new_token_ids, dtype=torch.int64), step_outputs["codes"].to(torch.int64)])
+            emit("codes", {"codes": frame[None]})
             self._pause_or_resume(request_id, state)
         return False
 
