@@ -7,11 +7,11 @@ stream message is applied once even if the executor retries a batch (its seq is 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omni_core.scheduler.applied_messages import AppliedMessages
 from omni_core.scheduler.host_copy import to_host
 from omni_core.scheduler.stage_stream import StageStream
 
@@ -61,34 +61,6 @@ class FrontendWorker:
         )
 
 
-class _Applied:
-    """Remembers the last applied seq per (request, port) so retried batches change nothing,
-    and the requests already released, so a message still in flight when a request was aborted
-    creates no state that nothing would free."""
-
-    RELEASED_MEMORY = 4096
-
-    def __init__(self):
-        self.last: dict[tuple[str, str], int] = {}
-        self.released: OrderedDict[str, None] = OrderedDict()
-
-    def fresh(self, message) -> bool:
-        if message.request_id in self.released:
-            return False
-        key = (message.request_id, message.port)
-        if self.last.get(key, -1) >= message.seq:
-            return False
-        self.last[key] = message.seq
-        return True
-
-    def forget(self, request_id: str) -> None:
-        for key in [k for k in self.last if k[0] == request_id]:
-            del self.last[key]
-        self.released[request_id] = None
-        while len(self.released) > self.RELEASED_MEMORY:
-            self.released.popitem(last=False)
-
-
 class FlowWorker:
     def __init__(self, model: FlowModel, hop: int, max_hop: int):
         self.model = model
@@ -97,7 +69,7 @@ class FlowWorker:
         self.streams: dict[str, FlowStream] = {}
         self.extra: dict[str, dict[str, Any]] = {}
         self.early: dict[str, list] = {}  # token messages that beat their conditioning
-        self.applied = _Applied()
+        self.applied = AppliedMessages()
 
     def _apply(self, message) -> None:
         rid, p = message.request_id, message.payload
@@ -194,7 +166,7 @@ class HiftWorker:
         self.stream = StageStream(model.conv_post.weight.device)
         self.mel: dict[str, torch.Tensor] = {}
         self.sent: dict[str, int] = {}
-        self.applied = _Applied()
+        self.applied = AppliedMessages()
 
     def process(self, messages, emit) -> None:
         with self.stream():

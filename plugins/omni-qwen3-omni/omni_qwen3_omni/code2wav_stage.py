@@ -9,16 +9,15 @@ context run as one batch.
 
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
+from omni_core.scheduler.applied_messages import AppliedMessages
 from omni_core.scheduler.host_copy import to_host
 from omni_core.scheduler.stage_stream import StageStream
 
 from .code2wav import Code2Wav
-
-RELEASED_MEMORY = 4096  # ended requests remembered
 
 
 @dataclass
@@ -30,11 +29,10 @@ class Chunking:
 
 @dataclass
 class Decoding:
-    frames: list[torch.Tensor] = field(default_factory=list)  # [n, groups] pieces
+    frames: torch.Tensor | None = None  # [n, groups]: the frames not decoded yet and the context before them
     count: int = 0  # frames received
     done: int = 0  # frames decoded
     ended: bool = False
-    last_seq: int = -1
 
 
 class Code2WavWorker:
@@ -44,35 +42,34 @@ class Code2WavWorker:
         self.device = model.code_embedding.weight.device
         self.stream = StageStream(self.device)  # decodes overlap the talker's steps
         self.requests: dict[str, Decoding] = {}
-        # requests already ended or aborted: a message still in flight for one creates no state
-        self.released: OrderedDict[str, None] = OrderedDict()
+        self.applied = AppliedMessages()
 
     def process(self, messages, emit) -> None:
         with self.stream():
             self._process(messages, emit)
 
     def _process(self, messages, emit) -> None:
-        jobs = []  # (request id, state, end frame)
+        jobs = []  # (request id, state): requests with a chunk due
         for message in messages:
-            if message.request_id in self.released:
-                continue
-            state = self.requests.setdefault(message.request_id, Decoding())
-            if message.seq > state.last_seq:  # a retried batch applies nothing twice
-                state.last_seq = message.seq
+            if self.applied.fresh(message):  # a retried batch applies nothing twice
+                state = self.requests.setdefault(message.request_id, Decoding())
                 codes = torch.as_tensor(message.payload.get("codes", torch.zeros(0, 0))).reshape(-1, self.model.num_quantizers)
-                if codes.shape[0]:
-                    state.frames.append(codes)
-                    state.count += codes.shape[0]
+                state.frames = codes if state.frames is None else torch.cat([state.frames, codes])
+                state.count += codes.shape[0]
                 state.ended = state.ended or message.end
+            elif message.request_id in self.requests:
+                state = self.requests[message.request_id]
+            else:  # released meanwhile
+                continue
             due = self.chunking.first_chunk if state.done == 0 else self.chunking.chunk
             if state.ended or state.count - state.done >= due:
                 jobs.append((message.request_id, state))
         audio = self._decode(jobs)
         for rid, state in jobs:
             samples = audio.get(rid, torch.zeros(0))
-            # only now that the decode worked: a failed batch is retried message by message
-            frames = torch.cat(state.frames) if state.frames else None
-            state.frames = [] if frames is None else [frames[max(0, frames.shape[0] - self.chunking.left_context) :]]
+            # only now that the decode worked (a failed batch is retried message by message): keep
+            # what later chunks read as context
+            state.frames = state.frames[max(0, state.frames.shape[0] - self.chunking.left_context) :]
             state.done = state.count
             if samples.numel() or state.ended:
                 emit(rid, "audio", {"audio": samples}, end=state.ended)
@@ -86,9 +83,8 @@ class Code2WavWorker:
         for rid, state in jobs:
             if state.count == state.done:
                 continue
-            frames = torch.cat(state.frames)
             context = min(self.chunking.left_context, state.done)
-            window = frames[frames.shape[0] - (state.count - state.done) - context :]
+            window = state.frames[state.frames.shape[0] - (state.count - state.done) - context :]
             groups[(window.shape[0], context)].append((rid, window))
         out: dict[str, torch.Tensor] = {}
         for (_, context), rows in groups.items():
@@ -99,6 +95,4 @@ class Code2WavWorker:
 
     def release(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
-        self.released[request_id] = None
-        while len(self.released) > RELEASED_MEMORY:
-            self.released.popitem(last=False)
+        self.applied.forget(request_id)

@@ -105,3 +105,32 @@ def test_preset_weights_are_set_where_transformers_leaves_memory_uninitialised(t
     assert any(".experts." in k and k.startswith("talker.") for k in tensors)
     assert [k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()] == []
     assert path == str(tmp_path / "preset")
+
+
+def test_code2wav_stage_streams_chunks_and_applies_each_message_once(ckpt):
+    """Frames arriving one a message: the first chunk after 4, then every 25 with 25 frames of
+    context, the rest at the end; the samples joined are the chunked decode's. A message seen
+    again (a retried batch) adds nothing, and one for a released request makes no state."""
+    from omni_core.scheduler.executor import Message
+    from omni_qwen3_omni.checkpoint import load_code2wav
+    from omni_qwen3_omni.code2wav_stage import Chunking, Code2WavWorker
+
+    model = load_code2wav(ckpt, "cpu", torch.float32)
+    worker = Code2WavWorker(model, Chunking(first_chunk=4, chunk=25, left_context=25))
+    codes = torch.randint(0, model.codebook_size, (model.num_quantizers, 60), generator=torch.Generator().manual_seed(3))
+    out = []
+
+    def emit(rid, port, payload, end=False):
+        out.append((payload["audio"], end))
+
+    for t in range(60):
+        message = Message("r", "in", {"codes": codes[:, t][None]}, end=t == 59, seq=t)
+        worker.process([message], emit)
+        if t == 10:
+            worker.process([message], emit)  # seen again: nothing applied, nothing due
+    expected = [model.decode_chunk(codes[None, :, max(0, a - 25) : b], min(25, a))[0] for a, b in ((0, 4), (4, 29), (29, 54), (54, 60))]
+    assert [s.numel() for s, _ in out] == [e.numel() for e in expected] and out[-1][1]
+    torch.testing.assert_close(torch.cat([s for s, _ in out]), torch.cat(expected))
+    assert worker.requests == {}
+    worker.process([Message("r", "in", {"codes": codes[:, 0][None]}, seq=60)], emit)  # after release
+    assert worker.requests == {} and len(out) == 4
