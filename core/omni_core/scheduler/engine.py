@@ -246,7 +246,7 @@ class AREngine:
         return self._apply(current.seqs, False, sample_index, tokens, step_tensors)
 
     def _overlaps(self, seqs: list[Sequence]) -> bool:
-        return self.overlap_decode and all(not s.hidden_layers and s.params.repetition_penalty == 1.0 and not s.paused for s in seqs)
+        return self.overlap_decode and all(not s.hidden_layers and s.params.repetition_penalty == 1.0 for s in seqs)
 
     def _apply(self, seqs: list[Sequence], is_prefill: bool, sample_index: list[int], tokens: list[int], step_tensors: dict) -> list[RequestOutput]:
         """Advance ``seqs`` by a step's tokens; outputs for the caller. Sequences that finished

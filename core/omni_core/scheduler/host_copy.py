@@ -23,13 +23,11 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
-    if t.device.type != "cuda":
-        return t
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    done.synchronize()
+    host = to_host_later(t)
+    if t.device.type == "cuda":
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
     return host
 
 

@@ -74,12 +74,11 @@ class SpeechIds:
         return [i for i in range(max(0, self.codec_vocab - 1024), self.codec_vocab) if i != self.codec_eos]
 
 
-def talker_plan(ckpt: OmniCheckpoint, ids: list[int], media: list[MediaItem], speaker: int) -> dict:
+def talker_plan(ckpt: OmniCheckpoint, speech: SpeechIds, ids: list[int], media: list[MediaItem], speaker: int) -> dict:
     """What the thinker forwards to the talker with a request's first reply tokens: the user
     turns' ids (``user_ids``), which of them are media rows (``media_rows``) and where those sit
     in the prompt (``media_positions``: the thinker sends its states there), the assistant
     turn's ids, the speaker's codec id and the talker prompt's rotary positions (None: 0..L-1)."""
-    speech = SpeechIds.of(ckpt)
     tokens = ckpt.tokens
     pads = {tokens.audio, tokens.image, tokens.video}
     role, user_index = None, []
@@ -95,8 +94,8 @@ def talker_plan(ckpt: OmniCheckpoint, ids: list[int], media: list[MediaItem], sp
     user_ids = [ids[i] for i in user_index]
     media_rows = [j for j, token in enumerate(user_ids) if token in pads]
     # the media items of the user turns, in order (media elsewhere is not read by the talker)
-    owners = _media_owners(ids, media, pads)
-    user_media = [item for item, first in owners if first in set(user_index)]
+    in_user = set(user_index)
+    user_media = [item for item, first in _media_owners(ids, media, pads) if first in in_user]
     talker_ids = user_ids + [speech.tts_pad] * (ASSISTANT_OPENING + 6)
     positions = rope_positions(ckpt, talker_ids, user_media)
     return {

@@ -47,7 +47,7 @@ class Preprocessor:
         media, clips, visual, digest = self._media(payload["messages"])
         try:
             prompt = expand(self.ckpt, render(self.ckpt, self.tokenizer, payload["messages"]), media)
-            plan = None if speaker is None else talker_plan(self.ckpt, prompt.token_ids, media, speaker)
+            plan = None if speaker is None else talker_plan(self.ckpt, self.speech, prompt.token_ids, media, speaker)
         except ValueError as exc:
             raise InvalidInput(f"messages: {exc}") from None
         limit = self.limits["max_model_len"]
