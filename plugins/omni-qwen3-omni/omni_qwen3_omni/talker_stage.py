@@ -78,17 +78,20 @@ class TalkerHooks(ARHooks):
                 steps = [p - state.prompt_len for p in range(max(start, state.prompt_len), start + n)]
                 if steps:
                     rows = slice(offset + steps[0] + state.prompt_len - start, offset + n)
-                    add = torch.stack([state.residual_sums[k] for k in steps]) + self.w.text_vectors([self.w.trailing(state, k) for k in steps])
                     batch.input_embeds = batch.input_embeds.clone()
-                    batch.input_embeds[rows] += add.to(batch.input_embeds.dtype)
+                    batch.input_embeds[rows] += self._additions([state] * len(steps), steps).to(batch.input_embeds.dtype)
             offset += n
 
     def before_decode(self, batch: StepBatch) -> None:
         states: list[Speaking] = [extras["talker"] for extras in batch.extras]
-        steps = [n - 1 for n in batch.num_output_tokens]
+        additions = self._additions(states, [n - 1 for n in batch.num_output_tokens])
+        batch.input_embeds = batch.input_embeds + additions.to(batch.input_embeds.dtype)
+
+    def _additions(self, states: list[Speaking], steps: list[int]) -> torch.Tensor:
+        """What each decode step adds to its code's embedding: the frame's residual codes'
+        embedding sum and the projected reply token it reads."""
         residual = torch.stack([s.residual_sums[k] for s, k in zip(states, steps, strict=True)])
-        text = self.w.text_vectors([self.w.trailing(s, k) for s, k in zip(states, steps, strict=True)])
-        batch.input_embeds = batch.input_embeds + (residual + text).to(batch.input_embeds.dtype)
+        return residual + self.w.text_vectors([self.w.trailing(s, k) for s, k in zip(states, steps, strict=True)])
 
     def post_prefill(self, batch, hidden, logits, token_ids):
         self._predict(batch, hidden, token_ids)

@@ -78,7 +78,7 @@ class SpeakingPipeline:
     talker step), so the batches each engine runs are the same every time: the replies of a tiny
     random MoE can flip on a near-tie in expert routing when a batch's composition changes."""
 
-    def __init__(self, tiny_dir: str, device: str = "cpu", cuda_graphs: bool = True):
+    def __init__(self, tiny_dir: str, device: str = "cpu", cuda_graphs: bool = True, **talker_engine):
         from omni_qwen3_omni.checkpoint import (
             load_code2wav,
             load_code_predictor,
@@ -96,7 +96,7 @@ class SpeakingPipeline:
         self.thinker, self.thinker_engine = self.stages.worker(speaks=True)
         model, projections = load_talker(ckpt, device, torch.float32)
         self.talker = TalkerWorker(model, projections, load_code_predictor(ckpt, device, torch.float32), load_thinker_embedding(ckpt, device, torch.float32),
-                                   SpeechIds.of(ckpt), EngineConfig(block_size=8, max_num_seqs=8, cuda_graphs=cuda_graphs), TalkerSampling(temperature=0, max_tokens=TALKER_TOKENS))
+                                   SpeechIds.of(ckpt), EngineConfig(**{"block_size": 8, "max_num_seqs": 8, "cuda_graphs": cuda_graphs, **talker_engine}), TalkerSampling(temperature=0, max_tokens=TALKER_TOKENS))
         self.talker_engine = AREngine(model, self.talker.engine_config, hooks=self.talker.hooks, device=device)
         self.talker.engine, self.talker.max_model_len = self.talker_engine, self.talker_engine.max_model_len
         self.code2wav = Code2WavWorker(load_code2wav(ckpt, device, torch.float32), Chunking(first_chunk=300, chunk=300))
@@ -148,12 +148,21 @@ class SpeakingPipeline:
 
 
 def test_speech_equals_transformers_generate(tiny_dir, speech_expected):
-    check_against_transformers(SpeakingPipeline(tiny_dir), speech_expected)
+    pipeline = SpeakingPipeline(tiny_dir)
+    check_against_transformers(pipeline, speech_expected)
+    assert pipeline.waits > 0  # the talker started before the thinker ended, and caught up with it
+
+
+def test_preempted_talker_requests_are_recomputed_to_the_same_speech(tiny_dir, speech_expected):
+    """Too few talker KV blocks for the four chats at once: requests are preempted (paused ones
+    first) and recomputed, their decode steps' additions replayed; the speech is unchanged."""
+    pipeline = SpeakingPipeline(tiny_dir, num_kv_blocks=14)
+    check_against_transformers(pipeline, speech_expected)
+    assert pipeline.talker_engine.stats()["preemptions"] > 0
 
 
 def check_against_transformers(pipeline: SpeakingPipeline, expected: dict) -> None:
     results = pipeline.run({**chats(), "empty": EMPTY_REPLY})
-    assert pipeline.waits > 0  # the talker started before the thinker ended, and caught up with it
     empty = results.pop("empty")
     # the preset's greedy reply to this one is its end of turn alone: nothing to voice (transformers
     # cannot voice it: its talker prompt lacks the reply's first row)
