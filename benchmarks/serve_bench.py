@@ -7,6 +7,8 @@ log goes to ``--log``, the bench's JSON wherever its own ``--json`` says. ``star
     python benchmarks/serve_bench.py --log serve.log \
         --serve "--family cosyvoice3 --preset full --device cuda --option dtype=bfloat16 --max-running 32" \
         --bench "--endpoint speech --concurrency 1,8,32 --num-requests 32 --json speech.json"
+
+``--bench`` may be given several times (levels that need different request counts, say).
 """
 
 from __future__ import annotations
@@ -59,14 +61,16 @@ def stop_server(server: subprocess.Popen) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", required=True, help="arguments of `omni serve` (no --port)")
-    parser.add_argument("--bench", required=True, help="arguments of `omni bench serve` (no --base-url)")
+    parser.add_argument("--bench", required=True, action="append",
+                        help="arguments of `omni bench serve` (no --base-url); repeated: one run after another on the same server")
     parser.add_argument("--log", default="serve.log", help="where the server's output goes")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     args = parser.parse_args()
     with open(args.log, "w") as log:
         server, url = start_server(shlex.split(args.serve), log, args.ready_timeout)
         try:
-            return subprocess.call([*OMNI, "bench", "serve", "--base-url", url, *shlex.split(args.bench)])
+            codes = [subprocess.call([*OMNI, "bench", "serve", "--base-url", url, *shlex.split(bench)]) for bench in args.bench]
+            return max(codes)
         finally:
             stop_server(server)
 

@@ -1,11 +1,14 @@
 """Loading each stage's part of a Qwen3-Omni checkpoint (official key names, sharded safetensors):
-a stage reads only the shards that hold its prefix."""
+a stage reads only the shards that hold its prefix. A checkpoint with random weights in memory
+(the ``full`` preset) has its weights drawn on the stage's device instead."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import logging
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -14,7 +17,7 @@ from omni_core.models import iter_safetensors, load_weights
 from .audio_encoder import AudioEncoder
 from .code2wav import Code2Wav
 from .code_predictor import CodePredictor
-from .config import CheckpointError, OmniCheckpoint
+from .config import RANDOM_WEIGHTS, CheckpointError, OmniCheckpoint
 from .presets import describe
 from .talker import TalkerLM, TalkerProjections, checkpoint_weights
 from .thinker import ThinkerLM
@@ -36,7 +39,7 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 def check_layout(checkpoint_dir: str) -> None:
     root = Path(checkpoint_dir)
     missing = [name for name in ("config.json",) if not (root / name).exists()]
-    if not list(root.glob("*.safetensors")):
+    if not list(root.glob("*.safetensors")) and not (root / RANDOM_WEIGHTS).exists():
         missing.append("*.safetensors")
     if missing:
         raise CheckpointError(f"{root} is not a Qwen3-Omni checkpoint: missing {', '.join(missing)}")
@@ -63,24 +66,55 @@ def build_thinker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> Thin
         return ThinkerLM(ckpt.text_config).eval()
 
 
+Renaming = Callable[[Iterator[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]]
+
+
+def _fill(model: torch.nn.Module, ckpt: OmniCheckpoint, prefixes: tuple[str, ...], strip_prefix: str = "",
+          rename: Renaming | None = None) -> None:
+    """The checkpoint's tensors under ``prefixes`` into ``model``, or random ones drawn in place."""
+    if ckpt.random_weights:
+        random_fill(model, strip_prefix)
+        return
+    weights = itertools.chain.from_iterable(iter_safetensors(ckpt.path, prefix) for prefix in prefixes)
+    load_weights(model, rename(weights) if rename else weights, strip_prefix=strip_prefix)
+
+
+@torch.no_grad()
+def random_fill(model: torch.nn.Module, namespace: str = "", std: float = 0.02) -> torch.nn.Module:
+    """Random weights drawn on the parameters' own device: normal(0, ``std``) matrices, each from a
+    seed of its name under ``namespace`` (a table two stages hold, the thinker's embeddings, is the
+    same in both); of the vectors, norm weights 1, layer scales 0.01, biases and Snake's log-scale
+    parameters 0."""
+    for name, param in model.named_parameters():
+        if param.dim() > 1:
+            generator = torch.Generator(param.device).manual_seed(zlib.crc32((namespace + name).encode()))
+            param.normal_(0.0, std, generator=generator)
+        elif name.endswith("scale") or name.endswith("gamma"):
+            param.fill_(0.01)
+        elif name.endswith("weight"):
+            param.fill_(1.0)
+        else:
+            param.zero_()
+    return model
+
+
 def load_thinker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> ThinkerLM:
     model = build_thinker(ckpt, device, dtype)
-    weights = itertools.chain(iter_safetensors(ckpt.path, "thinker.model."), iter_safetensors(ckpt.path, "thinker.lm_head."))
-    load_weights(model, weights, strip_prefix="thinker.")
+    _fill(model, ckpt, ("thinker.model.", "thinker.lm_head."), strip_prefix="thinker.")
     return model.eval()
 
 
 def load_audio_encoder(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> AudioEncoder:
     with _constructing(device, dtype):
         model = AudioEncoder(ckpt.audio_config)
-    load_weights(model, iter_safetensors(ckpt.path, "thinker.audio_tower."), strip_prefix="thinker.audio_tower.")
+    _fill(model, ckpt, ("thinker.audio_tower.",), strip_prefix="thinker.audio_tower.")
     return model.eval()
 
 
 def load_vision_encoder(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> VisionEncoder:
     with _constructing(device, dtype):
         model = VisionEncoder(ckpt.vision_config)
-    load_weights(model, iter_safetensors(ckpt.path, "thinker.visual."), strip_prefix="thinker.visual.")
+    _fill(model, ckpt, ("thinker.visual.",), strip_prefix="thinker.visual.")
     return model.eval()
 
 
@@ -88,10 +122,8 @@ def load_talker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> tuple[
     config = ckpt.speech_config("talker_config")
     with _constructing(device, dtype):
         model, projections = TalkerLM(config.text_config).eval(), TalkerProjections(config).eval()
-    weights = itertools.chain(iter_safetensors(ckpt.path, "talker.model."), iter_safetensors(ckpt.path, "talker.codec_head."))
-    load_weights(model, checkpoint_weights(weights))
-    projected = itertools.chain(iter_safetensors(ckpt.path, "talker.text_projection."), iter_safetensors(ckpt.path, "talker.hidden_projection."))
-    load_weights(projections, projected, strip_prefix="talker.")
+    _fill(model, ckpt, ("talker.model.", "talker.codec_head."), rename=checkpoint_weights)
+    _fill(projections, ckpt, ("talker.text_projection.", "talker.hidden_projection."), strip_prefix="talker.")
     return model, projections
 
 
@@ -99,14 +131,14 @@ def load_code_predictor(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -
     config = ckpt.speech_config("talker_config").code_predictor_config
     with _constructing(device, dtype):
         model = CodePredictor(config).eval()
-    load_weights(model, iter_safetensors(ckpt.path, "talker.code_predictor."), strip_prefix="talker.code_predictor.")
+    _fill(model, ckpt, ("talker.code_predictor.",), strip_prefix="talker.code_predictor.")
     return model
 
 
 def load_code2wav(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> Code2Wav:
     with _constructing(device, dtype):
         model = Code2Wav(ckpt.speech_config("code2wav_config")).eval()
-    load_weights(model, iter_safetensors(ckpt.path, "code2wav."), strip_prefix="code2wav.")
+    _fill(model, ckpt, ("code2wav.",), strip_prefix="code2wav.")
     return model
 
 
@@ -116,5 +148,5 @@ def load_thinker_embedding(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype
     text = ckpt.text_config
     with _constructing(device, dtype):
         table = torch.nn.Embedding(text.vocab_size, text.hidden_size)
-    load_weights(table, iter_safetensors(ckpt.path, "thinker.model.embed_tokens."), strip_prefix="thinker.model.embed_tokens.")
+    _fill(table, ckpt, ("thinker.model.embed_tokens.",), strip_prefix="thinker.model.embed_tokens.")
     return table.eval()

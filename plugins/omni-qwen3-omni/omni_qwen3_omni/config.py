@@ -14,6 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+# In place of safetensors (the `full` preset): each stage draws its weights on its device as it loads
+RANDOM_WEIGHTS = "random_weights.json"
+
 
 class CheckpointError(ValueError):
     """A directory that is not a Qwen3-Omni checkpoint: the message says what is missing."""
@@ -66,6 +69,7 @@ class OmniCheckpoint:
     vision: VisionSettings
     position_id_per_seconds: float
     chat_template: str
+    random_weights: bool = False  # drawn at load, not read (RANDOM_WEIGHTS)
 
     @property
     def thinker(self):
@@ -132,6 +136,7 @@ def load_checkpoint(checkpoint_dir: str) -> OmniCheckpoint:
         vision=_vision_settings(root),
         position_id_per_seconds=float(raw_thinker.get("position_id_per_seconds", thinker.position_id_per_seconds)),
         chat_template=load_chat_template(root, tokenizer),
+        random_weights=(root / RANDOM_WEIGHTS).exists(),
     )
 
 

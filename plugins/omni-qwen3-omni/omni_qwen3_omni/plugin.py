@@ -20,6 +20,13 @@ def write_tiny(directory: str) -> str:
     return write(directory)
 
 
+def write_full(directory: str) -> str:
+    """Qwen3-Omni-30B-A3B's sizes with random weights drawn on the device at load (nothing written)."""
+    from .presets import write_in_memory
+
+    return write_in_memory(directory)
+
+
 def voices(checkpoint_dir: str) -> list[Voice]:
     """The talker's speakers (``talker_config.speaker_id``); none for a thinker-only checkpoint."""
     from .config import load_checkpoint
@@ -37,7 +44,7 @@ def omni_families():
             tasks=("chat", "speech"),
             build=build,
             default_checkpoint="Qwen/Qwen3-Omni-30B-A3B-Instruct",
-            presets={"tiny": write_tiny},
+            presets={"tiny": write_tiny, "full": write_full},
             input_sample_rate=16000,
             sample_rate=24000,
             voices=voices,
