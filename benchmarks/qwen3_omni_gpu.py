@@ -31,14 +31,12 @@ import transformers
 from engine_gpu import (
     copy_bandwidth,  # benchmarks/: the same measured bandwidth as the dense engine's roofline
 )
+from omni_core.models.construct import constructing
 from omni_core.scheduler import AREngine, EngineConfig, EngineRequest, SamplingParams
+from omni_qwen3_omni.checkpoint import random_fill
+from omni_qwen3_omni.presets import FULL_SIZES, FULL_VOCAB_SIZE
 
-REAL = dict(
-    vocab_size=152064, hidden_size=2048, intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
-    num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
-    norm_topk_prob=True, max_position_embeddings=65536, rms_norm_eps=1e-6,
-    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20], "interleaved": True},
-)
+REAL = dict(FULL_SIZES["thinker"]["text_config"], vocab_size=FULL_VOCAB_SIZE)  # Qwen3-Omni-30B-A3B's thinker LM
 SMALL = dict(REAL, vocab_size=1024, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=32, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=64,
              rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6], "interleaved": True})
@@ -51,16 +49,6 @@ def sync(device):
 
 def device_bandwidth(device) -> float | None:
     return copy_bandwidth() if torch.device(device).type == "cuda" else None
-
-
-@torch.no_grad()
-def random_weights(model: torch.nn.Module, seed: int = 0) -> None:
-    torch.manual_seed(seed)
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        else:
-            param.normal_(0.0, 0.02)
 
 
 def step_bytes(cfg: dict, batch: int, context: int) -> float:
@@ -78,12 +66,9 @@ def ours(cfg: dict, args, device: str, dtype: torch.dtype) -> list[dict]:
     from omni_qwen3_omni.thinker import ThinkerLM
 
     config = transformers.Qwen3OmniMoeTextConfig(**cfg)
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    with torch.device(device):
+    with constructing(device, dtype):
         model = ThinkerLM(config).eval()
-    torch.set_default_dtype(before)
-    random_weights(model)
+    random_fill(model)
     context = args.prompt + args.steps + 16
     engine = AREngine(model, EngineConfig(
         max_num_seqs=max(args.batches), kv_cache_bytes=int(args.kv_gib * (1 << 30)), max_model_len=context,
@@ -141,12 +126,9 @@ def reference(cfg: dict, args, device: str, dtype: torch.dtype) -> list[dict]:
         vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=cfg["hidden_size"], deepstack_visual_indexes=[0]),
         vision_start_token_id=151652,
     )
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    with torch.device(device):
+    with constructing(device, dtype):
         model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(thinker).eval()
-    torch.set_default_dtype(before)
-    random_weights(model)
+    random_fill(model)
     gen = torch.Generator().manual_seed(1)
     rows = []
     warm = torch.zeros(1, 8, dtype=torch.long, device=device)

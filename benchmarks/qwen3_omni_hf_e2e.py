@@ -34,18 +34,14 @@ def prompts(path: str | None, count: int) -> list[str]:
 
 
 def build(directory: str, device: str):
+    from omni_core.models.construct import constructing
     from omni_qwen3_omni.checkpoint import random_fill
     from omni_qwen3_omni.config import load_checkpoint, load_tokenizer, quiet_transformers
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     ckpt = load_checkpoint(directory)
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16 if device == "cuda" else torch.float32)
-    try:
-        with quiet_transformers(), torch.device(device):
-            model = Qwen3OmniMoeForConditionalGeneration(ckpt.config).eval()
-    finally:
-        torch.set_default_dtype(before)
+    with quiet_transformers(), constructing(device, torch.bfloat16 if device == "cuda" else torch.float32):
+        model = Qwen3OmniMoeForConditionalGeneration(ckpt.config).eval()
     random_fill(model)  # its init leaves the talker's experts empty; the same rule as omni's stages
     return model, load_tokenizer(directory), ckpt
 
@@ -92,7 +88,7 @@ def main() -> None:
     rows = []
     for size in args.batches:
         run(model, tokenizer, ckpt, prompts(args.dataset, size), args)  # warm-up
-        for i in range(max(1, args.requests // size)):
+        for _ in range(max(1, args.requests // size)):
             row = run(model, tokenizer, ckpt, prompts(args.dataset, size), args)
             row["audio_s_per_s"] = round(row["audio_s"] / row["wall_s"], 3)
             row["rtf"] = round(row["wall_s"] / (row["audio_s"] / size), 3) if row["audio_s"] else None

@@ -21,6 +21,7 @@ runtime's batch executor (its own thread and CUDA stream), as in a server.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import threading
@@ -31,24 +32,15 @@ from omni_core.pipeline import StageSpec
 from omni_core.scheduler import AREngine, EngineConfig
 from omni_core.scheduler.batching import BatchExecutor
 from omni_core.scheduler.executor import Message, StageContext
+from omni_qwen3_omni.checkpoint import random_fill
+from omni_qwen3_omni.presets import FULL_SIZES
 
-TALKER = dict(
-    text_config=dict(vocab_size=3072, hidden_size=1024, intermediate_size=2048, num_hidden_layers=20, num_attention_heads=16,
-                     num_key_value_heads=2, head_dim=128, num_experts=128, num_experts_per_tok=6, moe_intermediate_size=384,
-                     shared_expert_intermediate_size=768, norm_topk_prob=True, rms_norm_eps=1e-6, max_position_embeddings=32768,
-                     rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20], "interleaved": True}),
-    code_predictor_config=dict(vocab_size=2048, hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
-                               num_key_value_heads=8, head_dim=128, num_code_groups=16, rms_norm_eps=1e-6),
-    num_code_groups=16, thinker_hidden_size=2048, accept_hidden_layer=24, codec_eos_token_id=2150, codec_nothink_id=2155,
-    codec_think_bos_id=2156, codec_think_eos_id=2157, codec_pad_id=2148, codec_bos_id=2149,
-    speaker_id={"chelsie": 2301, "ethan": 2302, "aiden": 2303}, spatial_merge_size=2, position_id_per_seconds=13,
-    audio_token_id=151675, image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
-    audio_start_token_id=151669,
-)
-CODE2WAV = dict(codebook_size=2048, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
-                intermediate_size=3072, num_quantizers=16, decoder_dim=1536, sliding_window=72, upsample_rates=[8, 5, 4, 3],
-                upsampling_ratios=[2, 2])
+# the full preset's sizes (Qwen3-Omni-30B-A3B) with the thinker's ids the talker reads
+TALKER = dict(FULL_SIZES["talker"], thinker_hidden_size=2048, audio_token_id=151675, image_token_id=151655, video_token_id=151656,
+              vision_start_token_id=151652, audio_start_token_id=151669)
+CODE2WAV = FULL_SIZES["code2wav"]
 THINKER_VOCAB, THINKER_HIDDEN = 152064, 2048
+REQUEST_NUMBERS = itertools.count()
 
 
 def small(cfg: dict) -> dict:
@@ -66,20 +58,8 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-@torch.no_grad()
-def randomize(module: torch.nn.Module, seed: int) -> None:
-    torch.manual_seed(seed)
-    for name, param in module.named_parameters():
-        if name.endswith("norm.weight") or name.endswith("gamma") or "layer_scale" in name:
-            param.fill_(1.0 if "scale" not in name else 0.01)
-        elif param.dim() == 1:
-            param.zero_()
-        else:
-            param.normal_(0, 0.02)
-
-
 def build(args, device: str, dtype: torch.dtype):
-    from omni_qwen3_omni.checkpoint import _constructing
+    from omni_core.models.construct import constructing
     from omni_qwen3_omni.code2wav import Code2Wav
     from omni_qwen3_omni.code2wav_stage import Chunking, Code2WavWorker
     from omni_qwen3_omni.code_predictor import CodePredictor
@@ -95,13 +75,13 @@ def build(args, device: str, dtype: torch.dtype):
     talker_config = Qwen3OmniMoeTalkerConfig(**cfg)
     c2w = dict(CODE2WAV, hidden_size=64, decoder_dim=64, num_hidden_layers=1, intermediate_size=128) if args.small else CODE2WAV
     code2wav_config = Qwen3OmniMoeCode2WavConfig(**c2w)
-    with _constructing(device, dtype):
+    with constructing(device, dtype):
         model, projections = TalkerLM(talker_config.text_config), TalkerProjections(talker_config)
         predictor = CodePredictor(talker_config.code_predictor_config)
         table = torch.nn.Embedding(1024 if args.small else THINKER_VOCAB, talker_config.thinker_hidden_size)
         vocoder = Code2Wav(code2wav_config)
     for i, part in enumerate((model, projections, predictor, table, vocoder)):
-        randomize(part, i)
+        random_fill(part, f"{i}.")
     speech = SpeechIds(im_start=1, user=2, assistant=3, tts_bos=4, tts_eos=5, tts_pad=6, codec_nothink=2155, codec_think_bos=2156,
                        codec_think_eos=2157, codec_pad=2148, codec_bos=2149, codec_eos=2150, speakers=dict(cfg["speaker_id"]),
                        accept_hidden_layer=24, num_code_groups=16, codec_vocab=3072)
@@ -143,7 +123,8 @@ def ours(worker, engine, code2wav, batch: int, args, vocab: int) -> dict:
         user = torch.randint(10, vocab, (args.prompt,), generator=rng).tolist()
         reply = torch.randint(10, vocab, (args.reply,), generator=rng).tolist()
         plan = {"user_ids": user, "media_rows": [], "media_positions": [], "assistant_ids": [1, 3, 7], "speaker": 2302, "rope_positions": None}
-        engine.add_request(worker.make_request(Message(f"r{i}", "in", {"plan": plan, "spoken": [1, 3, 7] + reply, "seed": i}, end=True)))
+        # ids never reused: code2wav ignores messages for a request it has released
+        engine.add_request(worker.make_request(Message(f"r{next(REQUEST_NUMBERS)}", "in", {"plan": plan, "spoken": [1, 3, 7] + reply, "seed": i}, end=True)))
     sent: dict[str, int] = {}
 
     def emit_codes(rid):
@@ -212,7 +193,7 @@ def reference(talker_config, batch: int, args, device: str, dtype: torch.dtype) 
 
     with torch.device(device):
         model = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(talker_config, dtype=dtype).eval()
-    randomize(model, 7)
+    random_fill(model, "7.")
     hidden = talker_config.text_config.hidden_size
     length = args.prompt + 9
     embeds = torch.randn(batch, length, hidden, device=device, dtype=dtype) * 0.02

@@ -4,7 +4,6 @@ a stage reads only the shards that hold its prefix. A checkpoint with random wei
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import zlib
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import torch
 from omni_core.models import iter_safetensors, load_weights
+from omni_core.models.construct import constructing
 
 from .audio_encoder import AudioEncoder
 from .code2wav import Code2Wav
@@ -48,21 +48,8 @@ def check_layout(checkpoint_dir: str) -> None:
         log.warning("qwen3-omni: %s holds the %r preset (random weights): its replies are noise", root, preset)
 
 
-@contextlib.contextmanager
-def _constructing(device: str, dtype: torch.dtype):
-    """Modules built straight on ``device`` in ``dtype`` (a real-size thinker in float32 first
-    would need twice its memory); buffers made in float32 on purpose (rotary tables) stay so."""
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            yield
-    finally:
-        torch.set_default_dtype(before)
-
-
 def build_thinker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> ThinkerLM:
-    with _constructing(device, dtype):
+    with constructing(device, dtype):
         return ThinkerLM(ckpt.text_config).eval()
 
 
@@ -105,14 +92,14 @@ def load_thinker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> Think
 
 
 def load_audio_encoder(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> AudioEncoder:
-    with _constructing(device, dtype):
+    with constructing(device, dtype):
         model = AudioEncoder(ckpt.audio_config)
     _fill(model, ckpt, ("thinker.audio_tower.",), strip_prefix="thinker.audio_tower.")
     return model.eval()
 
 
 def load_vision_encoder(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> VisionEncoder:
-    with _constructing(device, dtype):
+    with constructing(device, dtype):
         model = VisionEncoder(ckpt.vision_config)
     _fill(model, ckpt, ("thinker.visual.",), strip_prefix="thinker.visual.")
     return model.eval()
@@ -120,7 +107,7 @@ def load_vision_encoder(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -
 
 def load_talker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> tuple[TalkerLM, TalkerProjections]:
     config = ckpt.speech_config("talker_config")
-    with _constructing(device, dtype):
+    with constructing(device, dtype):
         model, projections = TalkerLM(config.text_config).eval(), TalkerProjections(config).eval()
     _fill(model, ckpt, ("talker.model.", "talker.codec_head."), rename=checkpoint_weights)
     _fill(projections, ckpt, ("talker.text_projection.", "talker.hidden_projection."), strip_prefix="talker.")
@@ -129,14 +116,14 @@ def load_talker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> tuple[
 
 def load_code_predictor(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> CodePredictor:
     config = ckpt.speech_config("talker_config").code_predictor_config
-    with _constructing(device, dtype):
+    with constructing(device, dtype):
         model = CodePredictor(config).eval()
     _fill(model, ckpt, ("talker.code_predictor.",), strip_prefix="talker.code_predictor.")
     return model
 
 
 def load_code2wav(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> Code2Wav:
-    with _constructing(device, dtype):
+    with constructing(device, dtype):
         model = Code2Wav(ckpt.speech_config("code2wav_config")).eval()
     _fill(model, ckpt, ("code2wav.",), strip_prefix="code2wav.")
     return model
@@ -146,7 +133,7 @@ def load_thinker_embedding(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype
     """The thinker's token embedding table alone: the talker stage projects the reply's ids itself,
     so the thinker sends ids, not embeddings."""
     text = ckpt.text_config
-    with _constructing(device, dtype):
+    with constructing(device, dtype):
         table = torch.nn.Embedding(text.vocab_size, text.hidden_size)
     _fill(table, ckpt, ("thinker.model.embed_tokens.",), strip_prefix="thinker.model.embed_tokens.")
     return table.eval()
