@@ -96,6 +96,37 @@ class ModelRunner:
             widths = sorted({min(self.max_blocks_per_seq, -(-t // block_size)) for t in cuda_graph_kv_lens} | {self.max_blocks_per_seq})
             self._capture_graphs(sorted(set(cuda_graph_sizes)), widths)
 
+    @torch.inference_mode()
+    def warm_up_prefill(self, token_budget: int) -> None:
+        """Eager prefill passes (the engine runs them at start-up on CUDA), hooks left out: one
+        prompt of lengths on both sides of the kernels' size classes, and batches of short
+        prompts, each within ``token_budget`` tokens and the cache. Triton's kernels (the fused
+        MoE's grouped matmuls, attention) build one variant per class of sizes on first use,
+        which otherwise the first requests of each new batch shape wait for. The prompts' KV
+        goes to blocks that no request holds yet."""
+        shapes = [[n] for n in (1, 3, 16, 17, 100, 128, 129, 1000, 1024, 1031, 4096, 4099)] + [[61] * 7, [60] * 8, [60] * 32]
+        bs = self.block_size
+        for lengths in shapes:
+            widths = [-(-n // bs) for n in lengths]
+            if sum(lengths) > token_budget or max(lengths) > self.max_blocks_per_seq * bs or sum(widths) > self.num_blocks:
+                continue
+            starts = [sum(widths[:b]) for b in range(len(lengths))]
+            tables = torch.tensor([[start + j for j in range(max(widths))] for start in starts], dtype=torch.int64)
+            positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lengths])
+            seq_t = torch.cat([torch.full((n,), b, dtype=torch.int64) for b, n in enumerate(lengths)])
+            slots = tables[seq_t, positions // bs] * bs + positions % bs
+            lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
+            meta = AttentionMetadata(slots.to(self.device), tables.to(self.device), lens, lens, max(lengths), bs)
+            meta.host_query_lens, meta.host_context_lens = lengths, lengths
+            self._pack_indices(meta, lengths, seq_t)
+            ctx = ForwardContext(meta, self.backend, self.kv_caches, True, [{} for _ in lengths], lengths)
+            self.backend.prepare(meta)
+            ids = torch.zeros(len(positions), dtype=torch.int64, device=self.device)
+            hidden = self.model(self.model.embed(ids), positions.to(self.device), ctx)
+            self.model.compute_logits(hidden[(lens.cumsum(0) - 1)])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     @staticmethod
     def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
         spec = model.kv_cache_spec
@@ -149,16 +180,22 @@ class ModelRunner:
         )
         meta.host_query_lens, meta.host_context_lens = query_lens, context_lens
         if max_q > 1:
-            starts = torch.tensor([0] + query_lens[:-1], dtype=torch.int64).cumsum(0)
-            within = torch.arange(len(ids)) - starts[seq_t]
-            meta.padded_index = (seq_t * max_q + within).to(dev)
-            q_pos = torch.arange(max_q)
-            packed = starts[:, None] + torch.minimum(q_pos[None, :], torch.tensor(query_lens)[:, None] - 1)
-            meta.packed_index = packed.reshape(-1).to(dev)
+            self._pack_indices(meta, query_lens, seq_t)
         embeds = self.model.embed(ids_t)
         if is_prefill:
             self._insert_prompt_embeds(seqs, embeds)
         return ids_t, pos_t, embeds, meta, query_lens, model_pos
+
+    def _pack_indices(self, meta: AttentionMetadata, query_lens: list[int], seq_t: torch.Tensor) -> None:
+        """A prefill step's ``padded_index`` and ``packed_index`` (AttentionMetadata); ``seq_t``:
+        each packed token's sequence."""
+        max_q = max(query_lens)
+        starts = torch.tensor([0] + query_lens[:-1], dtype=torch.int64).cumsum(0)
+        within = torch.arange(len(seq_t)) - starts[seq_t]
+        meta.padded_index = (seq_t * max_q + within).to(self.device)
+        q_pos = torch.arange(max_q)
+        packed = starts[:, None] + torch.minimum(q_pos[None, :], torch.tensor(query_lens)[:, None] - 1)
+        meta.packed_index = packed.reshape(-1).to(self.device)
 
     @staticmethod
     def _rotary_positions(seqs: list[Sequence], query_lens: list[int], context_lens: list[int]) -> torch.Tensor | None:
