@@ -1,7 +1,10 @@
 """The ``code2wav`` stage: the talker's frames of codes in, 24 kHz audio out, streamed in chunks.
 
-A request's frames are decoded once ``first_chunk`` of them have come, then every ``chunk``
-more (all that have come by then), and the rest at the end; each decode reads up to
+A request's frames are decoded once ``first_chunk`` of them have come; after that a chunk is due
+once as many new frames have come as were decoded so far, up to ``chunk`` (4, 4, 8, 16, 25, 25,
+... frames): each chunk is made while the audio before it plays, so a stream has no gap while a
+talker step takes less than a frame's 80 ms (a fixed 25 after the first 4 would need 25 steps
+within the first chunk's 320 ms). The rest goes at the end. Each decode reads up to
 ``left_context`` frames before its own (their samples were sent already), which is how the
 reference decodes a long sequence in pieces. Requests whose chunks have the same length and
 context run as one batch.
@@ -23,8 +26,12 @@ from .code2wav import Code2Wav
 @dataclass
 class Chunking:
     first_chunk: int = 4  # frames (80 ms each) before the first audio
-    chunk: int = 25
+    chunk: int = 25  # the most frames a later chunk waits for
     left_context: int = 25
+
+    def due(self, decoded: int) -> int:
+        """New frames that make the next chunk, ``decoded`` frames having been decoded."""
+        return self.first_chunk if decoded == 0 else min(self.chunk, max(decoded, 1))
 
 
 @dataclass
@@ -61,8 +68,7 @@ class Code2WavWorker:
                 state = self.requests[message.request_id]
             else:  # released meanwhile
                 continue
-            due = self.chunking.first_chunk if state.done == 0 else self.chunking.chunk
-            if state.ended or state.count - state.done >= due:
+            if state.ended or state.count - state.done >= self.chunking.due(state.done):
                 jobs.append((message.request_id, state))
         audio = self._decode(jobs)
         for rid, state in jobs:

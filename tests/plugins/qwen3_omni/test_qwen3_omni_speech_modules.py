@@ -1,7 +1,7 @@
 """The speech half's modules against transformers' Qwen3-Omni on the tiny preset's weights
 (float32, CPU): the talker's prefill logits through the core engine, its projections, the code
 predictor's greedy codes and their embedding sum, and code2wav's waveform, whole and decoded in
-chunks with left context. (They are not served yet: the stages that run them are the next step.)"""
+chunks with left context; and the code2wav stage's chunk schedule."""
 
 from __future__ import annotations
 
@@ -108,8 +108,9 @@ def test_preset_weights_are_set_where_transformers_leaves_memory_uninitialised(t
 
 
 def test_code2wav_stage_streams_chunks_and_applies_each_message_once(ckpt):
-    """Frames arriving one a message: the first chunk after 4, then every 25 with 25 frames of
-    context, the rest at the end; the samples joined are the chunked decode's. A message seen
+    """Frames arriving one a message: the first chunk after 4, then chunks as long as all decoded
+    before them up to 25 (4, 8, 16, then 25), each with up to 25 frames of context, the rest at
+    the end; the samples joined are the chunked decode's. A message seen
     again (a retried batch) adds nothing, and one for a released request makes no state."""
     from omni_core.scheduler.executor import Message
     from omni_qwen3_omni.checkpoint import load_code2wav
@@ -128,9 +129,9 @@ def test_code2wav_stage_streams_chunks_and_applies_each_message_once(ckpt):
         worker.process([message], emit)
         if t == 10:
             worker.process([message], emit)  # seen again: nothing applied, nothing due
-    expected = [model.decode_chunk(codes[None, :, max(0, a - 25) : b], min(25, a))[0] for a, b in ((0, 4), (4, 29), (29, 54), (54, 60))]
+    expected = [model.decode_chunk(codes[None, :, max(0, a - 25) : b], min(25, a))[0] for a, b in ((0, 4), (4, 8), (8, 16), (16, 32), (32, 57), (57, 60))]
     assert [s.numel() for s, _ in out] == [e.numel() for e in expected] and out[-1][1]
     torch.testing.assert_close(torch.cat([s for s, _ in out]), torch.cat(expected))
     assert worker.requests == {}
     worker.process([Message("r", "in", {"codes": codes[:, 0][None]}, seq=60)], emit)  # after release
-    assert worker.requests == {} and len(out) == 4
+    assert worker.requests == {} and len(out) == 6
