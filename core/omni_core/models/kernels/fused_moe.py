@@ -26,10 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-GEMV_MAX_PAIRS = 64  # (token, expert) pairs up to which the per-pair kernels run
+GEMV_MAX_PAIRS = 64  # (token, expert) pairs up to which the per-pair kernels run (more: slower served, docs/experiments/2026-12-06-qwen3-omni-serve-e2e.md)
 # tile sizes: per-pair kernels' output columns a program (gate/up pairs, down) and K step; grouped
 # kernels' rows a block (few pairs / many), columns and K step (benchmarks/fused_moe_gpu.py tunes them)
-TILES = dict(gemv_gate_up_n=16, gemv_down_n=16, gemv_k=256, gemv_warps=8,
+TILES = dict(gemv_gate_up_n=16, gemv_down_n=16, gemv_k=256, gemv_warps=8, gemv_max_pairs=GEMV_MAX_PAIRS,
              grouped_m_small=16, grouped_m=64, grouped_n=64, grouped_k=64, grouped_warps=4)
 # loop bounds are compile-time constants (model sizes): the kernels specialise on them
 
@@ -198,7 +198,7 @@ def experts_forward(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
         return torch.empty(T, H, dtype=x.dtype, device=x.device)
     x = x.contiguous()
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-    if pairs <= GEMV_MAX_PAIRS:
+    if pairs <= t["gemv_max_pairs"]:
         out = torch.empty(T, H, dtype=x.dtype, device=x.device)
         _gemv_gate_up_kernel[(pairs, triton.cdiv(inter, t["gemv_gate_up_n"]))](
             x, gate_up, ids, act, H, inter, top_k, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
