@@ -189,6 +189,7 @@ def main() -> None:
         "dtype": args.dtype,
         "max_batch": max(args.concurrency),
         "min_token_text_ratio": args.min_ratio,
+        "min_length_blocks": "all",  # random weights: every stop id waits for the minimum length
     }
     for item in args.option:
         key, _, value = item.partition("=")

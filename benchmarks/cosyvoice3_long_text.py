@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--ahead", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
     text = " ".join(SENTENCES * 2)
-    options = {"dtype": "bfloat16" if args.device.startswith("cuda") else "float32", "min_token_text_ratio": 4, "max_token_text_ratio": 6}
+    options = {"dtype": "bfloat16" if args.device.startswith("cuda") else "float32", "min_token_text_ratio": 4, "max_token_text_ratio": 6,
+               "min_length_blocks": "all"}
     with Omni("cosyvoice3", preset=args.preset, device=args.device, options=options, cache_dir=tempfile.mkdtemp()) as omni:
         rate = omni.sample_rate
         for _ in range(2):  # warm-up

@@ -1,7 +1,10 @@
 """The ``llm`` stage on the core AR engine: prompt embeddings in, speech tokens streamed out.
 
-RAS sampling and the length limits run through the engine's hooks (``sample`` once per step for
-the whole batch). Stop tokens (ids >= 6561) end a request and are not forwarded to the flow.
+RAS sampling and the minimum length run through the engine's hooks (``sample`` once per step for
+the whole batch). Stop tokens (ids >= 6561) end a request and are not forwarded to the flow. Under
+the minimum length only 6561 is blocked, as the reference's sampling does, so another stop id
+(CosyVoice3's end token 6562 among them) still ends a request early, as it does there; with
+``block_all_stops`` every stop id is (random-weight benchmarks use it to fix the lengths).
 """
 
 from __future__ import annotations
@@ -33,9 +36,18 @@ class RasHooks(ARHooks):
 
     samples_ahead = True
 
-    def __init__(self, cfg: LLMConfig):
+    def __init__(self, cfg: LLMConfig, block_all_stops: bool = False):
         self.cfg = cfg
+        self.block_all_stops = block_all_stops
+        self.blocked: torch.Tensor | None = None  # [V] bool: the ids a row under its minimum cannot draw
         self.held: dict[str, dict[str, Any]] = {}  # request id -> tokens not yet sent (SpeechTokenWorker)
+
+    def _blocked(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.blocked is None or self.blocked.device != logits.device:
+            ids = torch.arange(logits.shape[-1], device=logits.device)
+            size = self.cfg.speech_token_size
+            self.blocked = ids >= size if self.block_all_stops else ids == size
+        return self.blocked
 
     def sample(self, batch: StepBatch, logits: torch.Tensor) -> torch.Tensor:
         rows = [batch.extras[b]["ras"] for b in batch.sample_index]
@@ -57,8 +69,8 @@ class RasHooks(ARHooks):
         )
         uniforms = uniform_noise(table[:, 4].long(), table[:, 5].long(), 2).float()
         history = batch.recent_tokens(win, pad=-1)
-        block_stop = table[:, 3] > 0
-        return ras_sample(logits, history, params, uniforms, block_stop, self.cfg.speech_token_size)
+        under_min = table[:, 3] > 0
+        return ras_sample(logits, history, params, uniforms, under_min, self._blocked(logits))
 
 
 def _sampling(values: Any, cfg: LLMConfig) -> dict[str, float]:
@@ -92,8 +104,8 @@ class SpeechTokenWorker(ARStageWorker):
     streaming). Tokens are held back until the flow's next chunk is due (or the end), so the
     flow gets a few messages per request instead of one per token."""
 
-    def __init__(self, model: CosyVoice3LM, engine_config: EngineConfig):
-        self.ras_hooks = RasHooks(model.cfg)
+    def __init__(self, model: CosyVoice3LM, engine_config: EngineConfig, block_all_stops: bool = False):
+        self.ras_hooks = RasHooks(model.cfg, block_all_stops)
         super().__init__(model, hooks=self.ras_hooks, engine_config=engine_config)
         self.cfg = model.cfg
         self.stop_ids = list(range(self.cfg.speech_token_size, self.cfg.speech_token_size + EXTRA_TOKEN_ROWS))
@@ -126,9 +138,10 @@ class SpeechTokenWorker(ARStageWorker):
         return EngineRequest(
             request_id=message.request_id,
             prompt_embeds=embeds,
-            params=SamplingParams(
-                max_tokens=max_len, min_tokens=min_len, stop_token_ids=self.stop_ids, seed=ras["seed"]
-            ),
+            # the engine's minimum would keep a request going past any stop id, where the reference
+            # stops on all but 6561, which the hook blocks (ras["min_tokens"])
+            params=SamplingParams(max_tokens=max_len, min_tokens=min_len if self.ras_hooks.block_all_stops else 0,
+                                  stop_token_ids=self.stop_ids, seed=ras["seed"]),
             extras={"ras": ras},
         )
 

@@ -3,7 +3,9 @@
 Per row: nucleus sampling (top-p over at most top-k candidates); if the drawn token already
 occurs in the last ``win_size`` generated tokens at least ``win_size * tau_r`` times, it is
 banned and the token is drawn again from the full distribution. Rows still under their minimum
-length cannot draw a stop token (any id >= the speech codebook size). Randomness comes in as
+length cannot draw the ids the caller blocks: by default the first id past the speech codebook
+(6561) alone, as the reference's sampling does, so the other ids past the codebook stay drawable
+and end a request, as there (CosyVoice3's trained end token, 6562, among them). Randomness comes in as
 two uniforms per row, so a per-request seed decides a request's draws whatever else is batched.
 """
 
@@ -39,15 +41,15 @@ def ras_sample(
     history: torch.Tensor,
     params: RasParams,
     uniforms: torch.Tensor,
-    block_stop: torch.Tensor,
-    stop_from: int,
+    under_min: torch.Tensor,
+    blocked: torch.Tensor,
 ) -> torch.Tensor:
     """logits [B, V]; history [B, W] recent tokens (-1 = none); uniforms [B, 2] in [0, 1);
-    block_stop [B] bool. Returns token ids [B] (int64)."""
+    under_min [B] bool: rows under their minimum length, which cannot draw the ids ``blocked``
+    ([V] bool). Returns token ids [B] (int64)."""
     scores = logits.float() / params.temperature.clamp(min=1e-5)[:, None]
     vocab = scores.shape[-1]
-    stop_cols = torch.arange(vocab, device=scores.device) >= stop_from
-    scores = scores.masked_fill(block_stop[:, None] & stop_cols[None, :], float("-inf"))
+    scores = scores.masked_fill(under_min[:, None] & blocked[None, :], float("-inf"))
     probs = scores.softmax(dim=-1)
 
     k_max = int(min(vocab, params.k_max))

@@ -52,6 +52,7 @@ def llm_factory(
     cuda_graphs: bool,
     length_ratios: tuple[float, float] = (2.0, 20.0),
     overlap_decode: bool = False,
+    block_all_stops: bool = False,
 ):
     model = load_llm(checkpoint_dir)
     model.cfg.min_token_text_ratio, model.cfg.max_token_text_ratio = length_ratios
@@ -64,7 +65,15 @@ def llm_factory(
         overlap_decode=overlap_decode,
     )
     model = model.to(device=context.device, dtype=_dtype(dtype))
-    return SpeechTokenWorker(model, config)
+    return SpeechTokenWorker(model, config, block_all_stops)
+
+
+def _min_length_blocks(options: dict) -> str:
+    """``min_length_blocks``: ``reference`` (6561 alone, as the reference's sampling) or ``all``."""
+    value = str(options.get("min_length_blocks", "reference"))
+    if value not in ("reference", "all"):
+        raise ValueError(f"option min_length_blocks={value!r}: expected 'reference' or 'all'")
+    return value
 
 
 def _graph_plan(options: dict, prefix: str, max_batch: int) -> dict | None:
@@ -108,7 +117,9 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     hift call and llm rows, default 32), ``batch_window_ms`` (default 1), ``max_hop`` (tokens of
     the largest flow chunk, default 100), ``kv_cache_bytes``, ``cuda_graphs`` (default True),
     ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20),
-    ``llm_overlap_decode`` (the llm's decode steps overlapped, default False), and on CUDA the flow's and HiFT's graphs: ``flow_graphs`` / ``hift_graphs`` (buckets captured at
+    ``llm_overlap_decode`` (the llm's decode steps overlapped, default False), ``min_length_blocks``
+    (what a request under its minimum length cannot draw: ``reference``, 6561 alone as the
+    reference's sampling, or ``all`` stop ids, which fixes random weights' lengths), and on CUDA the flow's and HiFT's graphs: ``flow_graphs`` / ``hift_graphs`` (buckets captured at
     start-up: batch1 (default) | all | none | BxT,...; off: run eagerly), ``flow_graph_frames`` /
     ``hift_graph_frames`` (frame buckets, default 64,128,192,256,384,512,640,768,1024,1280,1536,2048), and
     ``flow_graph_max_work`` / ``hift_graph_max_work`` (batch x frames past which calls run eagerly, 8192)."""
@@ -159,6 +170,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                         float(options.get("max_token_text_ratio", 20.0)),
                     ),
                     overlap_decode=bool(options.get("llm_overlap_decode", False)),
+                    block_all_stops=_min_length_blocks(options) == "all",
                 ),
                 ("in",),
                 ("tokens",),

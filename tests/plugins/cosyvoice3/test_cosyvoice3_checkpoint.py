@@ -144,7 +144,7 @@ def test_speech_token_worker_limits_and_seeds(tiny_dir):
     runs = _run(worker, {f"s{i}": dict(base, seed=i % 2) for i in range(4)})
     for tokens in runs.values():
         speech = [t for t in tokens if t < 6561]
-        assert len(speech) >= 8  # min 2 x text tokens: no stop before it
+        assert len(speech) >= 8 or tokens[-1] != 6561  # min 2 x text tokens: no 6561 before it
         assert len(tokens) <= 80  # max 20 x text tokens
         assert all(t < 6561 for t in tokens[:-1])  # only the last token may be a stop token
     # the seed decides the draws whatever shares the batch
@@ -153,6 +153,31 @@ def test_speech_token_worker_limits_and_seeds(tiny_dir):
     assert alone["x"] == runs["s0"]
     with pytest.raises(ValueError, match="unknown sampling options"):
         worker.make_request(Message("bad", "in", dict(base, sampling={"beam": 3})))
+
+
+def test_the_minimum_length_blocks_6561_alone_or_every_stop_id(tiny_dir):
+    """As the reference: under its minimum a request cannot draw 6561, but the other ids past the
+    codebook (the trained end token 6562 among them) still end it; ``block_all_stops`` blocks
+    them all. Logits are crafted so that one stop id always wins where it may."""
+    model = load_llm(tiny_dir)
+    base = {"text_ids": [5, 6, 7, 8, 3, 20, 21, 22], "target_text_len": 4, "llm_prompt_tokens": [], "sampling": {}, "seed": 0}
+    heads = model.compute_logits
+    try:
+        for favoured, block_all, expected_len in ((6561, False, 9), (6562, False, 1), (6562, True, 9)):
+            bias = torch.zeros(6761)
+            bias[6561:] = -1e4  # no other id past the codebook competes with the favoured one
+            bias[favoured] = 50.0
+            model.compute_logits = lambda hidden, bias=bias: heads(hidden) + bias
+            worker = SpeechTokenWorker(model, EngineConfig(num_kv_blocks=256, block_size=16, cuda_graphs=False), block_all)
+            tokens = _run(worker, {"r": base})["r"]
+            # blocked until the minimum (2 x 4 text tokens), then drawn at once; not blocked: at once
+            assert len(tokens) == expected_len and tokens[-1] == favoured and max(tokens[:-1], default=0) < 6561
+    finally:
+        model.compute_logits = heads
+    from omni_cosyvoice3.topology import build
+
+    with pytest.raises(ValueError, match="min_length_blocks='some'"):
+        build(tiny_dir, {"min_length_blocks": "some"})
 
 
 def test_ras_decode_overlapped_gives_the_step_by_step_tokens(tiny_dir):

@@ -119,6 +119,9 @@ def test_hift_stable_prefix_and_batching(hift):
     )
 
 
+ONLY_6561 = torch.arange(6761) == 6561  # what a row under its minimum cannot draw, as the reference
+
+
 def _ras(top_k=25, top_p=0.8, temperature=1.0, rows=1):
     return RasParams(
         top_p=torch.full((rows,), top_p),
@@ -130,17 +133,20 @@ def _ras(top_k=25, top_p=0.8, temperature=1.0, rows=1):
     )
 
 
-def test_ras_repetition_redraws_and_min_length_blocks_stop():
+def test_ras_repetition_redraws_and_min_length_blocks_only_6561():
     logits = torch.full((2, 6761), -30.0)
     logits[:, 5] = 10.0  # one dominant token
-    logits[:, 6562] = 9.0  # eos, the runner-up
+    logits[:, 6561] = 9.0  # the id blocked under the minimum, the runner-up
     history = torch.tensor([[-1] * 10, [5] + [-1] * 9])
     u = torch.tensor([[0.3, 0.3], [0.3, 0.3]])
-    out = ras_sample(logits, history, _ras(rows=2), u, torch.tensor([False, False]), 6561)
+    out = ras_sample(logits, history, _ras(rows=2), u, torch.tensor([False, False]), ONLY_6561)
     assert out[0] == 5  # nucleus pick
-    assert out[1] == 6562  # 5 was just used: banned, redrawn from the rest
-    blocked = ras_sample(logits, history, _ras(rows=2), u, torch.tensor([False, True]), 6561)
-    assert blocked[1] < 6561  # under the minimum length no stop token can win
+    assert out[1] == 6561  # 5 was just used: banned, redrawn from the rest
+    blocked = ras_sample(logits, history, _ras(rows=2), u, torch.tensor([False, True]), ONLY_6561)
+    assert blocked[1] < 6561  # under the minimum length 6561 cannot win
+    # the reference blocks 6561 alone: another id past the codebook is still drawn
+    logits[:, 6561], logits[:, 6562] = -30.0, 9.0
+    assert ras_sample(logits, history, _ras(rows=2), u, torch.tensor([False, True]), ONLY_6561)[1] == 6562
 
 
 def test_ras_is_a_function_of_its_uniforms():
@@ -149,14 +155,14 @@ def test_ras_is_a_function_of_its_uniforms():
     history = torch.full((4, 10), -1)
     u = torch.rand(4, 2, generator=gen)
     params = _ras(rows=4)
-    first = ras_sample(logits, history, params, u, torch.zeros(4, dtype=torch.bool), 6561)
-    again = ras_sample(logits, history, params, u, torch.zeros(4, dtype=torch.bool), 6561)
+    first = ras_sample(logits, history, params, u, torch.zeros(4, dtype=torch.bool), ONLY_6561)
+    again = ras_sample(logits, history, params, u, torch.zeros(4, dtype=torch.bool), ONLY_6561)
     assert torch.equal(first, again)
-    greedy = ras_sample(logits, history, _ras(top_k=1, rows=4), u, torch.zeros(4, dtype=torch.bool), 6561)
+    greedy = ras_sample(logits, history, _ras(top_k=1, rows=4), u, torch.zeros(4, dtype=torch.bool), ONLY_6561)
     assert torch.equal(greedy, logits.argmax(dim=-1))
     draws = {
         int(
-            ras_sample(logits[:1], history[:1], _ras(), torch.tensor([[x, 0.5]]), torch.tensor([False]), 6561)
+            ras_sample(logits[:1], history[:1], _ras(), torch.tensor([[x, 0.5]]), torch.tensor([False]), ONLY_6561)
         )
         for x in (0.05, 0.35, 0.65, 0.95)
     }

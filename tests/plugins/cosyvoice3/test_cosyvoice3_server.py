@@ -33,6 +33,10 @@ def server(tiny_dir, omni_cache, tmp_path_factory):
         "16",
         "--voices-dir",
         str(workdir / "voices"),
+        # random weights draw stop ids at random: every stop id waits for the minimum length, so
+        # replies are long enough to stream in several chunks
+        "--option",
+        "min_length_blocks=all",
         OMNI_PLUGINS="cosyvoice3",
         OMNI_CACHE=str(omni_cache),
         OMP_NUM_THREADS="1",
