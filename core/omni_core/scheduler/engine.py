@@ -48,7 +48,8 @@ class EngineConfig:
     # launch each decode step before the previous one's tokens reach the host (see AREngine.step);
     # None: on CUDA
     overlap_decode: bool | None = None
-    # eager prefill passes of several sizes at start-up on CUDA (ModelRunner.warm_up_prefill)
+    # eager prefill passes of several sizes at start-up on CUDA, for models that take CUDA graphs
+    # (ModelRunner.warm_up_prefill)
     warm_up_prefill: bool = True
 
 
@@ -121,7 +122,8 @@ class AREngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         graph_sizes = tuple(s for s in config.cuda_graph_sizes if s <= config.max_num_seqs) if config.cuda_graphs else ()
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype, self.hooks, config.attention_backend, self.max_model_len, graph_sizes, config.cuda_graph_kv_lens)
-        if config.warm_up_prefill and self.device.type == "cuda":
+        # only a model whose forward reads nothing but its tensors (as in a graph) runs without a request
+        if config.warm_up_prefill and self.device.type == "cuda" and getattr(model, "supports_cuda_graphs", False):
             self.runner.warm_up_prefill(config.max_num_batched_tokens)
         self.eos_token_ids = tuple(config.eos_token_ids)
         self.requests: dict[str, Sequence] = {}

@@ -59,8 +59,8 @@ Renaming = Callable[[Iterator[tuple[str, torch.Tensor]]], Iterator[tuple[str, to
 def _fill(model: torch.nn.Module, ckpt: OmniCheckpoint, prefixes: tuple[str, ...], strip_prefix: str = "",
           rename: Renaming | None = None) -> None:
     """The checkpoint's tensors under ``prefixes`` into ``model``, or random ones drawn in place."""
-    if ckpt.random_weights:
-        random_fill(model, strip_prefix)
+    if ckpt.random_weights_std is not None:
+        random_fill(model, strip_prefix, ckpt.random_weights_std)
         return
     weights = itertools.chain.from_iterable(iter_safetensors(ckpt.path, prefix) for prefix in prefixes)
     load_weights(model, rename(weights) if rename else weights, strip_prefix=strip_prefix)

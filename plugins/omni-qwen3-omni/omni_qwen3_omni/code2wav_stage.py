@@ -31,7 +31,7 @@ class Chunking:
 
     def due(self, decoded: int) -> int:
         """New frames that make the next chunk, ``decoded`` frames having been decoded."""
-        return self.first_chunk if decoded == 0 else min(self.chunk, max(decoded, 1))
+        return self.first_chunk if decoded == 0 else min(self.chunk, decoded)
 
 
 @dataclass

@@ -69,7 +69,7 @@ class OmniCheckpoint:
     vision: VisionSettings
     position_id_per_seconds: float
     chat_template: str
-    random_weights: bool = False  # drawn at load, not read (RANDOM_WEIGHTS)
+    random_weights_std: float | None = None  # weights drawn at load with this deviation, not read (RANDOM_WEIGHTS)
 
     @property
     def thinker(self):
@@ -136,7 +136,7 @@ def load_checkpoint(checkpoint_dir: str) -> OmniCheckpoint:
         vision=_vision_settings(root),
         position_id_per_seconds=float(raw_thinker.get("position_id_per_seconds", thinker.position_id_per_seconds)),
         chat_template=load_chat_template(root, tokenizer),
-        random_weights=(root / RANDOM_WEIGHTS).exists(),
+        random_weights_std=float(_read_json(root / RANDOM_WEIGHTS).get("std", 0.02)) if (root / RANDOM_WEIGHTS).exists() else None,
     )
 
 

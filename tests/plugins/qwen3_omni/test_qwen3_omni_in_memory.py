@@ -14,7 +14,7 @@ def test_full_preset_has_the_real_sizes_and_writes_no_weights(tmp_path):
     spec = get_plugin_manager().family("qwen3-omni")  # the preset as `omni serve --preset full` finds it
     path = spec.presets["full"](str(tmp_path / "full"))
     ckpt = load_checkpoint(path)
-    assert ckpt.random_weights and not list(tmp_path.rglob("*.safetensors"))
+    assert ckpt.random_weights_std == 0.02 and not list(tmp_path.rglob("*.safetensors"))
     text, talker = ckpt.text_config, ckpt.config.talker_config
     assert (text.num_hidden_layers, text.hidden_size, text.num_experts, text.num_experts_per_tok, text.vocab_size) == (48, 2048, 128, 8, 152064)
     assert (ckpt.audio_config.encoder_layers, ckpt.audio_config.d_model, ckpt.vision_config.depth) == (32, 1280, 27)
