@@ -127,6 +127,10 @@ class LLMConfig:
     tau_r: float = 0.1
     min_token_text_ratio: float = 2.0
     max_token_text_ratio: float = 20.0
+    # FSQ codes of silence and breath (the reference's CosyVoice3 model): past max_silent_run in a
+    # row they are dropped before the flow, so a long pause does not become long silence
+    silent_tokens: frozenset[int] = frozenset({1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323})
+    max_silent_run: int = 5
 
     @property
     def sos(self) -> int:

@@ -102,7 +102,9 @@ class SpeechTokenWorker(ARStageWorker):
     """Input payload (from the frontend): text_ids, target_text_len, llm_prompt_tokens, seed,
     sampling, and the flow's chunk schedule (flow_prompt_len, hop, max_hop, lookahead,
     streaming). Tokens are held back until the flow's next chunk is due (or the end), so the
-    flow gets a few messages per request instead of one per token."""
+    flow gets a few messages per request instead of one per token; silent and breath codes past
+    five in a row are dropped, as the reference's llm job does (the chunk schedule counts what is
+    kept)."""
 
     def __init__(self, model: CosyVoice3LM, engine_config: EngineConfig, block_all_stops: bool = False):
         self.ras_hooks = RasHooks(model.cfg, block_all_stops)
@@ -132,6 +134,7 @@ class SpeechTokenWorker(ARStageWorker):
         self.ras_hooks.held[message.request_id] = {
             "tokens": [],
             "count": 0,
+            "silent_run": 0,
             "points": points,
             "next": next(points, None),
         }
@@ -152,6 +155,7 @@ class SpeechTokenWorker(ARStageWorker):
             if speech or finished:
                 emit("tokens", {"token_ids": speech}, end=finished)
             return
+        speech = self._voiced(held, speech)
         held["tokens"].extend(speech)
         held["count"] += len(speech)
         due = held["next"] is not None and held["count"] >= held["next"]
@@ -162,6 +166,16 @@ class SpeechTokenWorker(ARStageWorker):
             held["tokens"] = []
         if finished:
             self.ras_hooks.held.pop(request_id, None)
+
+    def _voiced(self, held: dict[str, Any], speech: list[int]) -> list[int]:
+        """``speech`` less the silent and breath codes past ``max_silent_run`` in a row (the run
+        counted across steps, on the host, where the step's tokens already are)."""
+        kept = []
+        for token in speech:
+            held["silent_run"] = held["silent_run"] + 1 if token in self.cfg.silent_tokens else 0
+            if held["silent_run"] <= self.cfg.max_silent_run:
+                kept.append(token)
+        return kept
 
     def release(self, request_id: str) -> None:
         # aborted or failed: no last output will drop what is held

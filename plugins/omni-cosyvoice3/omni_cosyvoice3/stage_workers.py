@@ -119,13 +119,15 @@ class FlowWorker:
         mels = {}
         if runnable:
             requests = [
+                # the last call attends over all the tokens (streaming off), as the reference's last
+                # token2wav call of a streamed request does
                 FlowRequest(
                     s.flow_tokens(end, final),
                     len(s.prompt_tokens),
                     s.prompt_mel,
                     s.embedding,
                     final,
-                    s.streaming,
+                    s.streaming and not final,
                 )
                 for _, s, end, final in runnable
             ]

@@ -180,6 +180,19 @@ def test_the_minimum_length_blocks_6561_alone_or_every_stop_id(tiny_dir):
         build(tiny_dir, {"min_length_blocks": "some"})
 
 
+def test_silent_and_breath_codes_past_five_in_a_row_do_not_reach_the_flow(tiny_dir):
+    """As the reference's llm job: a run of silent/breath codes keeps its first five, counted
+    across steps, and starts again after any other code."""
+    worker = SpeechTokenWorker(load_llm(tiny_dir), EngineConfig(num_kv_blocks=64, block_size=16, cuda_graphs=False))
+    payload = {"text_ids": [5, 6, 7], "target_text_len": 3, "llm_prompt_tokens": [], "sampling": {}, "seed": 0, "streaming": False}
+    worker.make_request(Message("r", "in", payload))
+    sent = []
+    steps = [[100], [1, 2, 28], [29, 55, 248, 494], [300, 2241], [2242] * 3, [2322] * 3, [6562]]
+    for i, tokens in enumerate(steps):
+        worker.on_output("r", tokens, i == len(steps) - 1, {}, lambda port, p, end=False: sent.append((p["token_ids"], end)))
+    assert sent == [([100, 1, 2, 28, 29, 55, 300, 2241, 2242, 2242, 2242, 2322], True)]
+
+
 def test_ras_decode_overlapped_gives_the_step_by_step_tokens(tiny_dir):
     # RAS reads the recent tokens through batch.recent_tokens, so the llm's decode steps may be
     # launched before the previous step's tokens reach the host: the draws must not change

@@ -43,13 +43,17 @@ def test_config_reads_the_tiny_and_official_sizes(tiny_dir, tmp_path):
     )
 
 
-def test_flow_streamed_chunks_equal_one_shot(flow):
+def test_flow_streamed_chunks_equal_the_references_streamed_output(flow):
+    """Chunks decoded as the tokens arrive, with the chunk mask, and a last call over all the
+    tokens with full attention (the reference's streaming rule): the chunks before the last equal
+    one chunk-masked call over all the tokens, the last equals one full-attention call's tail."""
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 6561, (13,), generator=gen).tolist()
     generated = torch.randint(0, 6561, (140,), generator=gen).tolist()
-    base = _request(torch.tensor(prompt + generated), len(prompt), finalize=True)
-    one_shot = flow.infer([base])[0]
-    assert one_shot.shape == (80, 2 * len(generated))
+    masked = flow.infer([_request(torch.tensor(prompt + generated), len(prompt), finalize=True)])[0]
+    base = _request(torch.tensor(prompt + generated), len(prompt), finalize=True, streaming=False)
+    full = flow.infer([base])[0]
+    assert masked.shape == full.shape == (80, 2 * len(generated)) and not torch.allclose(masked, full, atol=1e-3)
 
     stream = FlowStream(prompt, base.prompt_mel, base.embedding, streaming=True)
     pieces, ends = [], []
@@ -72,18 +76,15 @@ def test_flow_streamed_chunks_equal_one_shot(flow):
     stream.finished = True
     end, final = stream.next_end()
     mel = flow.infer(
-        [
-            FlowRequest(
-                stream.flow_tokens(end, final), len(prompt), base.prompt_mel, base.embedding, True, True
-            )
-        ]
+        [FlowRequest(stream.flow_tokens(end, final), len(prompt), base.prompt_mel, base.embedding, True, False)]
     )[0]
     pieces.append(mel[:, stream.offset * 2 :])
     # first hop padded so prompt + hop is a multiple of 25, then the hop doubles up to 100
     assert ends == [37, 87]
     streamed = torch.cat(pieces, dim=1)
-    assert streamed.shape == one_shot.shape
-    torch.testing.assert_close(streamed, one_shot, atol=2e-4, rtol=1e-4)
+    expected = torch.cat([masked[:, : 87 * 2], full[:, 87 * 2 :]], dim=1)
+    assert streamed.shape == expected.shape
+    torch.testing.assert_close(streamed, expected, atol=2e-4, rtol=1e-4)
 
 
 def test_flow_batch_equals_single_requests(flow):
@@ -176,3 +177,30 @@ def test_packed_projections_equal_the_checkpoint_layout(flow):
     plain.load_state_dict(flow.state_dict())
     request = _request(torch.randint(0, 6561, (50,)), 7, finalize=False)
     torch.testing.assert_close(plain.infer([request])[0], flow.infer([request])[0], atol=1e-4, rtol=1e-4)
+
+
+def test_flow_stage_makes_its_last_call_with_full_attention(flow):
+    """The flow stage fed a stream of tokens: every chunk but the last is the chunk-masked
+    decode's, the last is the tail of one full-attention call over all the tokens."""
+    from omni_core.scheduler.executor import Message
+    from omni_cosyvoice3.stage_workers import FlowWorker
+
+    gen = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 6561, (13,), generator=gen).tolist()
+    generated = torch.randint(0, 6561, (100,), generator=gen).tolist()
+    base = _request(torch.tensor(prompt + generated), len(prompt), finalize=True, streaming=False)
+    worker = FlowWorker(flow, hop=25, max_hop=100)
+    mels = []
+    cond = {"prompt_tokens": prompt, "prompt_mel": base.prompt_mel, "embedding": base.embedding, "streaming": True}
+    worker.process([Message("r", "cond", cond, seq=0)], lambda rid, port, payload, end=False: None)
+    for i in range(0, len(generated), 10):  # tokens in pieces, the last piece ends the stream
+        last = i + 10 >= len(generated)
+        message = Message("r", "tokens", {"token_ids": generated[i : i + 10]}, end=last, seq=i // 10)
+        worker.process([message], lambda rid, port, payload, end=False: mels.append(payload["mel"]))
+    streamed = torch.cat([m for m in mels if m.numel()], dim=1)
+    masked = flow.infer([_request(torch.tensor(prompt + generated), len(prompt), finalize=True)])[0]
+    full = flow.infer([base])[0]
+    last = sum(m.shape[1] for m in mels[:-1])
+    assert 0 < last < streamed.shape[1] == full.shape[1]
+    torch.testing.assert_close(streamed[:, :last], masked[:, :last], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(streamed[:, last:], full[:, last:], atol=2e-4, rtol=1e-4)
