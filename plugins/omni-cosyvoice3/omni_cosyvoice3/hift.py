@@ -120,16 +120,19 @@ class SourceModule(nn.Module):
     def forward(self, f0: torch.Tensor) -> torch.Tensor:
         """f0 [B, frames] -> excitation [B, 1, frames * samples_per_frame]."""
         cfg, up = self.cfg, self.cfg.samples_per_frame
+        f0 = f0.double()
         harmonics = torch.arange(1, cfg.nb_harmonics + 2, device=f0.device, dtype=f0.dtype)
         rad = (f0[:, :, None] * harmonics / cfg.sampling_rate) % 1  # cycles per sample, per frame
-        # phase advances a frame's worth at a time and is held within the frame (causal NSF)
-        phase = torch.cumsum(rad, dim=1) * 2 * torch.pi * up
-        sines = _hold(torch.sin(phase), up) * cfg.nsf_alpha
-        voiced = _hold((f0 > cfg.nsf_voiced_threshold).to(f0.dtype)[:, :, None], up)
+        # phase advances a frame's worth at a time and is held within the frame (causal NSF);
+        # summed in float64 and wrapped to one cycle: in float32 the sum of 20 s of voiced audio
+        # drifts the waveform by ~3e-4
+        cycles = torch.cumsum(rad, dim=1) * up
+        sines = _hold(torch.sin(2 * torch.pi * (cycles % 1)).float(), up) * cfg.nsf_alpha
+        voiced = _hold((f0 > cfg.nsf_voiced_threshold).float()[:, :, None], up)
         n = sines.shape[1]
         idx = torch.arange(n, device=f0.device) % self.noise_table.shape[0]
         noise_amp = voiced * cfg.nsf_sigma + (1 - voiced) * cfg.nsf_alpha / 3
-        excitation = sines * voiced + noise_amp * self.noise_table[idx].to(f0.dtype)
+        excitation = sines * voiced + noise_amp * self.noise_table[idx].float()
         merged = torch.tanh(self.l_linear(excitation.to(self.l_linear.weight.dtype)))
         return merged.float().transpose(1, 2)
 
@@ -140,7 +143,7 @@ class HiftGenerator(nn.Module):
         self.cfg = cfg
         base, n_fft = cfg.base_channels, cfg.n_fft
         self.m_source = SourceModule(cfg)
-        self.f0_predictor = F0Predictor(cfg.in_channels, cfg.f0_cond_channels)
+        self.f0_predictor = F0Predictor(cfg.in_channels, cfg.f0_cond_channels).double()  # float64, as the reference
         self.conv_pre = weight_norm(
             CausalConv1d(cfg.in_channels, base, cfg.conv_pre_look_right + 1, causal_type="right")
         )
@@ -170,6 +173,12 @@ class HiftGenerator(nn.Module):
         self.stft = FrameSTFT(n_fft, cfg.hop_len)
         self.graphs: GraphBuckets | None = None  # CUDA graphs per batch bucket (use_graphs)
 
+    def _apply(self, fn, recurse=True):
+        # any cast (``.to(dtype)``, ``.half()``) leaves the F0 predictor in float64
+        super()._apply(fn, recurse)
+        self.f0_predictor.double()
+        return self
+
     def stable_samples(self, frames: int, finalize: bool) -> int:
         """Samples of a ``frames``-long mel that later frames can no longer change."""
         if finalize:
@@ -183,8 +192,9 @@ class HiftGenerator(nn.Module):
         [-limit, limit]. ``lengths`` [B] (frames): a row's samples up to its own end are as if it
         were alone and unpadded (everything is causal or reflects at the row's own end)."""
         cfg = self.cfg
-        # F0 and the phase it integrates stay in float32 whatever the model dtype
-        f0 = self.f0_predictor(mel.to(self.f0_predictor.classifier.weight.dtype)).float()
+        # F0 and the phase it integrates in float64 whatever the model's dtype, as the reference:
+        # a causal vocoder's pitch hangs on them
+        f0 = self.f0_predictor(mel.double())
         source = self.m_source(f0).squeeze(1)
         samples = None if lengths is None else lengths * cfg.samples_per_frame
         s_stft = self.stft(source, samples).to(self.conv_pre.weight.dtype)

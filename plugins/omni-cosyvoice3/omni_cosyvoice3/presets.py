@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from .config import FlowConfig, HiftConfig, LLMConfig
@@ -53,6 +54,7 @@ SIZES = {
     },
 }
 MARKER = ".omni-preset"
+PRESET_REVISION = " (revision 2)"  # bumped when the written files change: an older copy is rewritten
 
 YAML_TEMPLATE = """# written by omni-cosyvoice3: the {preset} preset ({note})
 sample_rate: 24000
@@ -162,9 +164,9 @@ def _write_yaml(directory: Path, preset: str, qwen: dict, flow: FlowConfig, hift
     (directory / "cosyvoice3.yaml").write_text(text, encoding="utf-8")
 
 
-def _llm_state(qwen_config: Qwen2Config, llm_cfg: LLMConfig) -> dict[str, torch.Tensor]:
-    backbone = Qwen2ForCausalLM(qwen_config)  # Hugging Face names: the official llm.pt layout
-    state = {f"llm.model.{k}": v for k, v in backbone.state_dict().items()}
+def _llm_state(backbone: Qwen2ForCausalLM, llm_cfg: LLMConfig) -> dict[str, torch.Tensor]:
+    qwen_config = backbone.config
+    state = {f"llm.model.{k}": v for k, v in backbone.state_dict().items()}  # the official llm.pt layout
     rows, hidden = llm_cfg.speech_token_size + EXTRA_TOKEN_ROWS, qwen_config.hidden_size
     state["speech_embedding.weight"] = torch.randn(rows, hidden) * 0.02
     state["llm_decoder.weight"] = torch.randn(rows, hidden) * 0.02
@@ -175,7 +177,7 @@ def write_random_checkpoint(directory: str | Path, preset: str = "tiny", seed: i
     """Write the preset into ``directory`` (skipped when a finished copy is already there)."""
     directory = Path(directory)
     marker = directory / MARKER
-    if marker.exists() and marker.read_text() == preset:
+    if marker.exists() and marker.read_text() == preset + PRESET_REVISION:
         return str(directory)
     sizes = SIZES[preset]
     directory.mkdir(parents=True, exist_ok=True)
@@ -193,12 +195,16 @@ def write_random_checkpoint(directory: str | Path, preset: str = "tiny", seed: i
         torch_dtype="float32",
     )
     qwen_config = Qwen2Config(**qwen)
-    qwen_config.save_pretrained(blank)
+    _write_blank(blank, qwen_config)
+    backbone = Qwen2ForCausalLM(qwen_config)  # Hugging Face names
+    # the pretrained backbone the official code builds the llm from, before llm.pt replaces it
+    save_file({k: v.contiguous() for k, v in backbone.state_dict().items()}, str(blank / "model.safetensors"), metadata={"format": "pt"})
     flow_cfg, hift_cfg, llm_cfg = FlowConfig(**sizes["flow"]), HiftConfig(**sizes["hift"]), LLMConfig()
     _write_yaml(directory, preset, qwen, flow_cfg, hift_cfg)
-    torch.save(_llm_state(qwen_config, llm_cfg), directory / "llm.pt")
+    torch.save(_llm_state(backbone, llm_cfg), directory / "llm.pt")
     torch.save(FlowModel(flow_cfg).state_dict(), directory / "flow.pt")
-    torch.save(HiftGenerator(hift_cfg).state_dict(), directory / "hift.pt")
+    # float32 on disk, as the official files (the F0 predictor runs in float64 once loaded)
+    torch.save({k: v.float() for k, v in HiftGenerator(hift_cfg).state_dict().items()}, directory / "hift.pt")
     torch.save({"default": {"embedding": torch.randn(1, 192)}}, directory / "spk2info.pt")
     export_standins(directory, seed=seed)
     (directory / "README.md").write_text(
@@ -206,8 +212,19 @@ def write_random_checkpoint(directory: str | Path, preset: str = "tiny", seed: i
         "weights. Its audio is noise.\n",
         encoding="utf-8",
     )
-    marker.write_text(preset)
+    marker.write_text(preset + PRESET_REVISION)
     return str(directory)
+
+
+def _write_blank(blank: Path, qwen_config: Qwen2Config) -> None:
+    """CosyVoice-BlankEN/config.json with the rotary base under both names: transformers 5 reads
+    ``rope_parameters``, transformers 4 (which the official code runs on) ``rope_theta``, and
+    without it falls back to 10000."""
+    qwen_config.save_pretrained(blank)
+    path = blank / "config.json"
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw["rope_theta"] = (raw.get("rope_parameters") or {}).get("rope_theta", getattr(qwen_config, "rope_theta", None))
+    path.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def default_preset_dir(preset: str) -> Path:

@@ -11,7 +11,7 @@ import torch
 from omni_core.scheduler.engine import AREngine, EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
 from omni_core.scheduler.hooks import StepBatch
-from omni_cosyvoice3.checkpoint import CheckpointError, load_flow, load_hift, load_llm
+from omni_cosyvoice3.checkpoint import CheckpointError, load_flow, load_hift, load_llm, qwen_config
 from omni_cosyvoice3.flow import FlowRequest
 from omni_cosyvoice3.llm_stage import RasHooks, SpeechTokenWorker
 from transformers import AutoConfig, Qwen2ForCausalLM
@@ -217,3 +217,21 @@ def test_ras_decode_overlapped_gives_the_step_by_step_tokens(tiny_dir):
     for options, expected in (({}, False), ({"llm_overlap_decode": True}, True)):
         llm = next(stage for stage in build(tiny_dir, options).stages if stage.name == "llm")
         assert llm.factory(SimpleNamespace(device=torch.device("cpu"))).engine_config.overlap_decode is expected
+
+
+def test_tiny_preset_has_the_backbone_files_a_real_checkpoint_has(tiny_dir):
+    """CosyVoice-BlankEN holds the pretrained backbone the official code builds its llm from
+    (model.safetensors, the same tensors llm.pt carries under llm.model.) and a config.json whose
+    rotary base both transformers 4 (rope_theta) and 5 (rope_parameters) read."""
+    import json
+
+    from safetensors.torch import load_file
+
+    blank = f"{tiny_dir}/CosyVoice-BlankEN"
+    backbone = load_file(f"{blank}/model.safetensors")
+    llm = torch.load(f"{tiny_dir}/llm.pt", weights_only=True)
+    assert backbone.keys() == {k[len("llm.model.") :] for k in llm if k.startswith("llm.model.")}
+    assert all(torch.equal(v, llm[f"llm.model.{k}"]) for k, v in backbone.items())
+    raw = json.loads(open(f"{blank}/config.json").read())
+    assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == 1e6
+    assert qwen_config(tiny_dir).rope_parameters["rope_theta"] == 1e6

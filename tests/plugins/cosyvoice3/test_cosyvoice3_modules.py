@@ -204,3 +204,21 @@ def test_flow_stage_makes_its_last_call_with_full_attention(flow):
     assert 0 < last < streamed.shape[1] == full.shape[1]
     torch.testing.assert_close(streamed[:, :last], masked[:, :last], atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(streamed[:, last:], full[:, last:], atol=2e-4, rtol=1e-4)
+
+
+def test_hift_keeps_f0_in_float64_and_its_phase_does_not_drift(hift):
+    """20 s of voiced F0 (a slow vibrato around 220 Hz): the excitation equals the same module's
+    in float64 to ~1e-6 (summed in float32, the phase drifted it by ~3e-4); the F0 predictor
+    stays float64 whatever the generator is cast to."""
+    import copy
+
+    frames = 20 * 24000 // hift.cfg.samples_per_frame
+    t = torch.arange(frames, dtype=torch.float64) / 50
+    f0 = (220 + 30 * torch.sin(2 * torch.pi * 0.5 * t))[None]
+    ours = hift.m_source(f0.float())
+    reference = copy.deepcopy(hift.m_source).double()
+    reference.noise_table = reference.noise_table.double()
+    expected = reference(f0)
+    assert (ours.double() - expected).abs().max() < 5e-6
+    half = copy.deepcopy(hift).to(torch.bfloat16)
+    assert half.f0_predictor.classifier.weight.dtype == torch.float64 and half.conv_post.weight.dtype == torch.bfloat16
