@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_core.hooks import FamilySpec, Voice, get_plugin_manager
+from omni_core.hooks import FamilySpec, Voice, check_option_names, get_plugin_manager
 from omni_core.serve import inputs as build
 from omni_core.serve.checkpoints import CheckpointNotFound, resolve_checkpoint
 from omni_core.serve.exceptions import InvalidInput
@@ -101,6 +101,7 @@ class Omni:
         self.plugin_manager = plugin_manager or get_plugin_manager()
         self.spec: FamilySpec = self.plugin_manager.family(family)
         self.family = self.spec.name
+        check_option_names(self.spec, options or {})
         self.limits = limits or Limits()
         self.voice_store = VoiceStore(voices_dir) if voices_dir else None
         say(f"resolving checkpoint of {self.family}")

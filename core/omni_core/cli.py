@@ -11,6 +11,7 @@ from omni_core import __version__
 
 # command name -> "module:attribute" of a click command
 LAZY_COMMANDS = {
+    "families": "omni_core.family_commands:families",
     "plugins": "omni_core.plugin_commands:plugins",
     "serve": "omni_core.serve.command:serve",
     "bench": "omni_core.bench.command:bench",

@@ -52,4 +52,6 @@ def new_plugin(name: str, kind: str, directory: Path) -> None:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     click.echo(f"created {target}")
-    click.echo(f"next: pip install {target} && omni plugins list")
+    # pip reads a bare name as a package on the index: a relative path needs its ./
+    shown = target if target.is_absolute() else f"./{target}"
+    click.echo(f"next: pip install {shown} && omni plugins list")

@@ -112,6 +112,7 @@ def omni_families():
             sample_rate=SAMPLE_RATE,
             voices=lambda checkpoint_dir: [Voice("default", "default")],
             description="$description",
+            options={},  # the --option keys build reads, each with its default and meaning; others are refused
         )
     ]
 '''

@@ -2,7 +2,7 @@
 
 from omni_core.hooks.hookspecs import ENTRY_POINT_GROUP, PROJECT, hookimpl, hookspec
 from omni_core.hooks.manager import PluginManager, PluginRecord, UnknownNameError, get_plugin_manager
-from omni_core.hooks.options import number_option
+from omni_core.hooks.options import check_option_names, number_option
 from omni_core.hooks.specs import TASKS, EngineSpec, FamilySpec, TransportSpec, Voice
 
 __all__ = [
@@ -19,5 +19,6 @@ __all__ = [
     "get_plugin_manager",
     "hookimpl",
     "hookspec",
+    "check_option_names",
     "number_option",
 ]

@@ -1,7 +1,8 @@
-"""Reading a family's build options (``omni serve --option KEY=VALUE``): numbers that size a
-batch or a chunk must be positive, or the stage would wait forever (a batch of 0 rows admits
-nothing) or loop (a chunk of 0 s never advances). A bad value fails the build with a message
-naming the option."""
+"""Reading a family's build options (``omni serve --option KEY=VALUE``): a key the family does
+not declare is refused (a typo would otherwise serve as if the option were absent); numbers that
+size a batch or a chunk must be positive, or the stage would wait forever (a batch of 0 rows
+admits nothing) or loop (a chunk of 0 s never advances). A bad value fails the build with a
+message naming the option."""
 
 from __future__ import annotations
 
@@ -21,3 +22,16 @@ def number_option(options: dict[str, Any], name: str, default: float, kind: type
         what = "an integer" if kind is int else "a number"
         raise ValueError(f"option {name}={raw!r}: expected {what} {'of at least 0' if allow_zero else 'above 0'}")
     return value
+
+
+def check_option_names(spec, options: dict[str, Any]) -> None:
+    """Raises ValueError naming the keys of ``options`` that the family ``spec`` (a FamilySpec)
+    does not declare, and listing the ones it does; nothing for a family that declares none."""
+    if spec.options is None:
+        return
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        raise ValueError(
+            f"family {spec.name!r} has no option {', '.join(repr(k) for k in unknown)}; its options: "
+            f"{', '.join(sorted(spec.options))} (`omni families {spec.name}` says what each does)"
+        )

@@ -41,6 +41,9 @@ class FamilySpec:
     another and their audio is joined in order (``omni_core.pipeline.SegmentedHandle``); a list
     of one payload leaves the request whole. It runs on the server's event loop (keep it cheap)
     and once with a short text at start-up, to load what it needs then.
+    ``options`` names the build options the family reads (``--option KEY=VALUE``), each with one
+    line saying its default and what it does; where given, keys it does not name are refused
+    (``check_option_names``) and ``omni families NAME`` lists them. None: undeclared, unchecked.
     """
 
     name: str
@@ -54,6 +57,7 @@ class FamilySpec:
     split_speech: Callable[[str, dict[str, Any]], list[dict[str, Any]]] | None = None
     checkpoint_tasks: Callable[[str], tuple[str, ...]] | None = None
     description: str = ""
+    options: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tasks if t not in TASKS]

@@ -226,7 +226,7 @@ def serve(
     """Serve a model family behind an OpenAI-compatible HTTP API."""
     from omni_core.api import Omni
     from omni_core.cache import cache_root
-    from omni_core.hooks import UnknownNameError, get_plugin_manager
+    from omni_core.hooks import UnknownNameError, check_option_names, get_plugin_manager
     from omni_core.platforms.select import PlatformUnavailableError, resolve_platform
     from omni_core.serve.app import create_app
     from omni_core.serve.checkpoints import CheckpointNotFound, resolve_checkpoint
@@ -252,7 +252,8 @@ def serve(
     manager = get_plugin_manager()
     try:
         spec = manager.family(family)
-    except UnknownNameError as exc:
+        check_option_names(spec, family_options)
+    except (UnknownNameError, ValueError) as exc:
         click.echo(f"omni serve: {exc}", err=True)
         sys.exit(2)
     if model and preset:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from omni_core.hooks import FamilySpec, Voice, hookimpl
 
+from .options import OPTIONS
+
 # Model code (torch, transformers) loads on first use, not when `omni plugins list` loads plugins.
 
 
@@ -56,5 +58,6 @@ def omni_families():
             voices=voices,
             split_speech=split_speech,
             description="Fun-CosyVoice3 TTS: streaming synthesis and zero-shot voice cloning",
+            options=OPTIONS,
         )
     ]

@@ -112,17 +112,7 @@ def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None =
 
 
 def build(checkpoint_dir: str, options: dict) -> Topology:
-    """Options: ``dtype`` (flow; float32 | bfloat16 | float16, default float32), ``llm_dtype``
-    (default: ``dtype``), ``hift_dtype`` (default float32), ``max_batch`` (requests per flow /
-    hift call and llm rows, default 32), ``batch_window_ms`` (default 1), ``max_hop`` (tokens of
-    the largest flow chunk, default 100), ``kv_cache_bytes``, ``cuda_graphs`` (default True),
-    ``min_token_text_ratio`` / ``max_token_text_ratio`` (speech tokens per text token, 2 and 20),
-    ``llm_overlap_decode`` (the llm's decode steps overlapped, default False), ``min_length_blocks``
-    (what a request under its minimum length cannot draw: ``reference``, 6561 alone as the
-    reference's sampling, or ``all`` stop ids, which fixes random weights' lengths), and on CUDA the flow's and HiFT's graphs: ``flow_graphs`` / ``hift_graphs`` (buckets captured at
-    start-up: batch1 (default) | all | none | BxT,...; off: run eagerly), ``flow_graph_frames`` /
-    ``hift_graph_frames`` (frame buckets, default 64,128,192,256,384,512,640,768,1024,1280,1536,2048), and
-    ``flow_graph_max_work`` / ``hift_graph_max_work`` (batch x frames past which calls run eagerly, 8192)."""
+    """Options: ``options.OPTIONS`` (each with its default and meaning)."""
     check_layout(checkpoint_dir)
     if describe(checkpoint_dir)["preset"]:
         log.warning(

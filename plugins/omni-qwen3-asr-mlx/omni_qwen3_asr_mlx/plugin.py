@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omni_core.hooks import EngineSpec, FamilySpec, hookimpl
 
+from .options import OPTIONS
 from .presets import tiny_preset
 
 
@@ -30,6 +31,7 @@ def omni_families():
             presets={"tiny": tiny_preset},
             input_sample_rate=16000,
             description="Qwen3-ASR 0.6B/1.7B speech recognition on MLX (Metal on Apple Silicon, CPU elsewhere)",
+            options=OPTIONS,
         )
     ]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from omni_core.hooks import FamilySpec, Voice, hookimpl
 
+from .options import OPTIONS
+
 # Model code (torch, transformers) loads on first use, not when `omni plugins list` loads plugins.
 
 
@@ -49,5 +51,6 @@ def omni_families():
             sample_rate=24000,
             voices=voices,
             description="Qwen3-Omni: chat with text, audio, image and video in, text and speech out",
+            options=OPTIONS,
         )
     ]

@@ -103,13 +103,7 @@ def _has(kinds: tuple[str, ...]):
 
 
 def build(checkpoint_dir: str, options: dict) -> Topology:
-    """Options: ``dtype`` (auto: bfloat16 on CUDA, float32 on CPU; or float32 | bfloat16 |
-    float16), ``max_batch`` (thinker sequences and encoder batch, 32), ``batch_window_ms`` (2),
-    ``max_model_len`` (prompt + reply tokens, 32768 or the model's limit), ``kv_cache_bytes``,
-    ``max_num_batched_tokens`` (a prefill step's token budget, 8192), ``cuda_graphs`` (True),
-    ``prefix_caching`` (True), ``max_audios`` / ``max_images`` / ``max_videos`` (parts a request may
-    hold: 8 / 8 / 2), ``video_fps`` (2), ``video_max_frames`` (64), ``video_min_pixels`` /
-    ``video_max_pixels`` (per frame: 131072 / 786432)."""
+    """Options: ``options.OPTIONS`` (each with its default and meaning)."""
     check_layout(checkpoint_dir)
     ckpt = load_checkpoint(checkpoint_dir)
     dtype = str(options.get("dtype", "auto"))

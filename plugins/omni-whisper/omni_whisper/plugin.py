@@ -6,6 +6,8 @@ from omni_core.hooks import EngineSpec, FamilySpec, hookimpl
 
 from omni_whisper.bundled import bundled_model_dir
 
+from .options import OPTIONS
+
 # Model code (torch, transformers) loads on first use, not when `omni plugins list` loads plugins.
 
 
@@ -53,6 +55,7 @@ def omni_families():
             input_sample_rate=16000,
             checkpoint_tasks=checkpoint_tasks,
             description="OpenAI Whisper (Hugging Face or CTranslate2 checkpoints); default: bundled tiny.en",
+            options=OPTIONS,
         )
     ]
 

@@ -14,11 +14,7 @@ from omni_whisper.dtypes import check_dtype
 
 
 def build(checkpoint_dir: str, options: dict) -> Topology:
-    """Options: ``dtype`` (auto | int8 | bfloat16 | float16 | float32; each stage resolves it for
-    its device: ``dtypes.resolve_dtype``), ``threads`` (split | shared, default split; see
-    ``cpu_threads``; CPU only), ``max_batch`` (decoder rows, 32),
-    ``encoder_batch`` (requests encoded together, 8), ``batch_window_ms`` (encoder, 5),
-    ``temperature_fallback`` (default False), ``cuda_graphs`` (default True; decode steps on CUDA)."""
+    """Options: ``options.OPTIONS`` (each with its default and meaning)."""
     dtype = check_dtype(str(options.get("dtype", "auto")))
     threads = str(options.get("threads", "split"))
     check_mode(threads)  # a bad value fails here, before any stage starts

@@ -20,3 +20,36 @@ def test_good_values_and_defaults():
     assert number_option({"window_ms": 0}, "window_ms", 5.0, float, allow_zero=True) == 0.0
     with pytest.raises(ValueError, match="expected a number above 0"):
         number_option({"chunk_seconds": 0}, "chunk_seconds", 30.0, float)
+
+
+def test_a_key_the_family_does_not_declare_is_refused_naming_it_and_the_known_ones():
+    from omni_core.hooks import FamilySpec, check_option_names
+
+    spec = FamilySpec(name="acme", tasks=("speech",), build=lambda d, o: None, options={"dtype": "...", "max_batch": "..."})
+    check_option_names(spec, {"dtype": "bfloat16"})
+    with pytest.raises(ValueError, match=r"family 'acme' has no option 'dtyp'; its options: dtype, max_batch"):
+        check_option_names(spec, {"dtyp": "bfloat16", "max_batch": 4})
+    check_option_names(FamilySpec(name="free", tasks=("speech",), build=lambda d, o: None), {"anything": 1})  # undeclared
+
+
+def test_every_installed_family_declares_each_option_its_code_reads():
+    """A scan of each family package's source for the option keys it reads by name
+    (``options.get("k"...)``, ``number_option(options, "k"...)``): each must be declared, or
+    ``--option k=...`` would be refused though the family uses it."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    from omni_core.hooks import get_plugin_manager
+
+    read = re.compile(r'(?:options\.get\(|number_option\(\s*[\w.]*options,\s*)"(\w+)"')
+    checked = []
+    for name, spec in get_plugin_manager().families().items():
+        if spec.options is None:
+            continue
+        package = importlib.util.find_spec(spec.build.__module__.split(".")[0]).submodule_search_locations[0]
+        keys = {key for path in Path(package).rglob("*.py") for key in read.findall(path.read_text(encoding="utf-8"))}
+        assert keys, name
+        assert keys <= set(spec.options), f"{name} reads undeclared options {sorted(keys - set(spec.options))}"
+        checked.append(name)
+    assert {"cosyvoice3", "qwen3-omni", "whisper"} <= set(checked)

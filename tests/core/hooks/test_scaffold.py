@@ -42,3 +42,12 @@ def test_new_plugin_refuses_bad_names_and_existing_folders(tmp_path):
     assert run_omni(["plugins", "new", "acme", "--dir", str(tmp_path)], env_with_path()).returncode == 0
     again = run_omni(["plugins", "new", "acme", "--dir", str(tmp_path)], env_with_path())
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_the_next_step_it_prints_names_the_package_by_path(tmp_path):
+    """`pip install omni-acme` would look for a package on the index: the hint is a path."""
+    result = subprocess.run([sys.executable, "-m", "omni_core.cli", "plugins", "new", "acme"], cwd=tmp_path,
+                            env=env_with_path(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "next: pip install ./omni-acme && omni plugins list"
+    assert (tmp_path / "omni-acme" / "pyproject.toml").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import threading
@@ -217,3 +218,23 @@ def test_malformed_family_option_exits_2(testfamily_site):
     )
     assert result.returncode == 2
     assert "--option takes KEY=VALUE, got 'max_batch'" in result.stderr
+
+
+def test_an_option_the_family_does_not_declare_exits_2_naming_it(testfamily_site):
+    env = env_with_path(testfamily_site, OMNI_PLUGINS="testfamily")
+    result = run_omni(["serve", "--family", "testfamily", "--preset", "tiny", "--option", "max_btch=4"], env)
+    assert result.returncode == 2
+    assert "family 'testfamily' has no option 'max_btch'; its options: batch_window_ms, max_batch" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_omni_families_lists_families_and_one_familys_options(testfamily_site):
+    env = env_with_path(testfamily_site, OMNI_PLUGINS="testfamily")
+    one = run_omni(["families", "testfamily"], env)
+    assert one.returncode == 0, one.stderr
+    assert "tasks: speech, transcription, chat" in one.stdout
+    assert re.search(r"max_batch\s+requests a tts call takes \(16\)", one.stdout)
+    listed = json.loads(run_omni(["families", "--json"], env).stdout)
+    assert [f["name"] for f in listed] == ["testfamily"] and listed[0]["presets"] == ["tiny"]
+    missing = run_omni(["families", "nope"], env)
+    assert missing.returncode == 2 and "unknown family 'nope'" in missing.stderr
