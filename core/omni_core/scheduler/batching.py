@@ -34,18 +34,25 @@ class RequestGone(Exception):
 
 def fail_request(context: StageContext, request_id: str, exc: BaseException, what: str = "") -> None:
     """Fails a request for a worker's exception: the client gets ``describe_error``, the server's
-    log the traceback (not for ``InvalidInput``: the request's content, not the stage, is at fault)."""
-    if type(exc).__name__ != "InvalidInput":
-        log.warning("stage %r failed request %s", context.stage, request_id, exc_info=exc)
+    log the traceback. ``InvalidInput`` (the request's content, not the stage, is at fault) is a
+    400 whose message is the family's alone; where it was raised goes to the log, one line."""
+    if type(exc).__name__ == "InvalidInput":
+        log.info("stage %r refused request %s: %s%s", context.stage, request_id, exc, _where(exc))
+        context.fail(request_id, f"{what}{type(exc).__name__}: {exc}")
+        return
+    log.warning("stage %r failed request %s", context.stage, request_id, exc_info=exc)
     context.fail(request_id, f"{what}{describe_error(exc)}")
 
 
 def describe_error(exc: BaseException) -> str:
     """``Type: message`` plus the innermost frame's file name and line, enough to find the
     failing line (clients see this: not the server's directories)."""
+    return f"{type(exc).__name__}: {exc}{_where(exc)}"
+
+
+def _where(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
 
 
 class _QueuedExecutor(Executor):

@@ -30,6 +30,9 @@ def resolve_checkpoint(
         return str(spec.presets[preset](str(target)))
     if model and Path(model).expanduser().is_dir():
         return str(Path(model).expanduser().resolve())
+    if model and _looks_like_a_path(model):  # not a Hugging Face id: say what is wrong with the path
+        what = "is a file, not a checkpoint directory" if Path(model).expanduser().exists() else "no such directory"
+        raise CheckpointNotFound(f"model {model!r}: {what}")
     repo = model or spec.default_checkpoint
     if not repo:
         raise CheckpointNotFound(
@@ -50,3 +53,9 @@ def resolve_checkpoint(
             f"checkpoint {repo!r} is not cached and could not be downloaded ({type(exc).__name__}); "
             f"pass --model PATH_TO_CHECKPOINT, or --preset tiny for random weights"
         ) from None
+
+
+def _looks_like_a_path(model: str) -> bool:
+    """A Hugging Face id is ``name`` or ``owner/name``; anything rooted, relative to ``.``/``~``,
+    or with more parts is a path."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or "\\" in model

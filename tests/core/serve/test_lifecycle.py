@@ -238,3 +238,14 @@ def test_omni_families_lists_families_and_one_familys_options(testfamily_site):
     assert [f["name"] for f in listed] == ["testfamily"] and listed[0]["presets"] == ["tiny"]
     missing = run_omni(["families", "nope"], env)
     assert missing.returncode == 2 and "unknown family 'nope'" in missing.stderr
+
+
+def test_a_model_path_that_does_not_exist_is_named_as_such(testfamily_site, tmp_path):
+    env = env_with_path(testfamily_site, OMNI_PLUGINS="testfamily")
+    missing = run_omni(["serve", "--family", "testfamily", "--model", "/no/such/dir"], env)
+    assert missing.returncode == 2 and "model '/no/such/dir': no such directory" in missing.stderr
+    assert "download" not in missing.stderr and "Traceback" not in missing.stderr
+    afile = tmp_path / "weights.bin"
+    afile.write_bytes(b"x")
+    wrong = run_omni(["serve", "--family", "testfamily", "--model", str(afile)], env)
+    assert wrong.returncode == 2 and "is a file, not a checkpoint directory" in wrong.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -183,7 +184,7 @@ def test_long_text_streams_its_segments_in_turn(client, tiny_dir):
 def test_bad_input_is_a_clear_400(client, server):
     silence = io.BytesIO()
     sf.write(silence, np.zeros(1200, dtype=np.float32), 24000, format="WAV")
-    with pytest.raises(openai.BadRequestError, match="reference audio must last"):
+    with pytest.raises(openai.BadRequestError, match="reference audio must last") as short:
         client.audio.speech.create(
             model="cosyvoice3",
             voice=None,
@@ -191,6 +192,9 @@ def test_bad_input_is_a_clear_400(client, server):
             response_format="wav",
             extra_body={"reference_audio": base64.b64encode(silence.getvalue()).decode()},
         )
+    # where the family raised it is for the server's log, not the client
+    assert "(at " not in str(short.value) and ".py:" not in str(short.value)
+    assert re.search(r"refused request .*reference audio must last.* \(at \w+\.py:\d+\)", server[1].read_text())
     with pytest.raises(openai.BadRequestError, match="top_k"):
         client.audio.speech.create(model="cosyvoice3", voice="default", input="Hi", extra_body={"top_k": 0})
     with pytest.raises(openai.BadRequestError, match="unknown voice"):
