@@ -1,4 +1,5 @@
-"""GET /v1/models, /health and /metrics."""
+"""GET /v1/models, /health and /metrics. Readiness is one story: while the model loads (or after
+it failed to load, or while the server drains) /health and /v1/models both answer 503."""
 
 from __future__ import annotations
 
@@ -27,12 +28,15 @@ def _model_card(state) -> dict:
 
 @router.get("/v1/models")
 async def list_models(request: Request):
-    return {"object": "list", "data": [_model_card(request.app.state.omni_state)]}
+    state = request.app.state.omni_state
+    state.ready_omni()  # 503 until the model serves, as /health
+    return {"object": "list", "data": [_model_card(state)]}
 
 
 @router.get("/v1/models/{model_id}")
 async def get_model(model_id: str, request: Request):
     state = request.app.state.omni_state
+    state.ready_omni()
     if model_id != state.config.served_model_name:
         raise APIError(
             404,

@@ -88,6 +88,8 @@ def _expect_loading(server: ServerProcess) -> None:
         json={"model": "testfamily", "input": "too early", "voice": "alloy"},
     )
     assert early.status_code == 503 and early.json()["error"]["code"] == "not_ready"
+    models = httpx.get(f"{server.url}/v1/models", headers=HEADERS, timeout=5)  # the same story as /health
+    assert models.status_code == 503 and models.json()["error"]["code"] == "not_ready"
 
 
 def _sse_speech(url: str, text: str, outcome: dict) -> None:
