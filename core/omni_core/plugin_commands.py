@@ -29,7 +29,7 @@ def list_plugins(as_json: bool) -> None:
 
     table = Table(title="omni plugins")
     for column in ("name", "dist", "version", "provides", "status"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a long word wraps instead of losing its end
     for record in records:
         provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in record.provides().items() if names)
         status = "[green]ok[/green]" if record.status == "ok" else f"[red]error[/red]: {record.error}"

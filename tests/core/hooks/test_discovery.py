@@ -87,3 +87,22 @@ def test_omni_plugins_selects_third_party_plugins(installed):
     only_good = by_name(plugins_json(env_with_path(installed, OMNI_PLUGINS="fixture-good")))
     third_party = {name for name, item in only_good.items() if item["dist"] != "omni-core"}
     assert third_party == {"fixture-good"}
+
+
+def test_a_long_error_is_shown_whole_in_a_narrow_table(installed):
+    env = env_with_path(installed, COLUMNS="80", OMNI_PLUGINS=FIXTURE_PLUGINS)
+    error = by_name(plugins_json(env))["fixture-broken"]["error"]
+    result = run_omni(["plugins", "list"], env)
+    assert result.returncode == 0, result.stderr
+    # the rows' cells, each joined over the lines the table folds it onto
+    rows: list[list[str]] = []
+    for line in result.stdout.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if cells[0] or not rows:
+            rows.append(cells)
+        else:
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells, strict=True)]
+    status = {"".join(row[0].split()): row[-1] for row in rows}["fixture-broken"]
+    assert "".join(status.split()) == "".join(f"error: {error}".split())
