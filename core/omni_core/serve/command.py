@@ -117,8 +117,17 @@ def _check_topology(spec, checkpoint: str, options: dict, stage_maps: dict[str, 
     return None
 
 
+def _installed(kind: str) -> str:
+    """The installed families or platforms, for help texts and errors."""
+    from omni_core.hooks import get_plugin_manager
+
+    manager = get_plugin_manager()
+    names = manager.families() if kind == "families" else manager.platforms()
+    return ", ".join(sorted(names)) or "none"
+
+
 @click.command("serve")
-@click.option("--family", required=True, help="Model family to serve (see `omni plugins list`).")
+@click.option("--family", default=None, help="Model family to serve (`omni families` lists them).")
 @click.option(
     "--model",
     default=None,
@@ -129,10 +138,12 @@ def _check_topology(spec, checkpoint: str, options: dict, stage_maps: dict[str, 
     default=None,
     help="Named preset instead of a checkpoint, e.g. 'tiny' (random weights: noise).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
 @click.option(
-    "--device", default="auto", show_default=True, help="auto, cpu, cuda, xpu, mlx, or a plugin's platform."
+    "--device", default="auto", show_default=True,
+    help=f"auto (the best available), or an installed platform: {_installed('platforms')}; cuda:N picks a GPU.",
 )
 @click.option(
     "--api-key",
@@ -154,7 +165,8 @@ def _check_topology(spec, checkpoint: str, options: dict, stage_maps: dict[str, 
     type=click.IntRange(min=0),
     help="Requests waiting; beyond: 429.",
 )
-@click.option("--stage-mode", type=click.Choice(["inproc", "process"]), default="inproc", show_default=True)
+@click.option("--stage-mode", type=click.Choice(["inproc", "process"]), default="inproc", show_default=True,
+              help="inproc: every stage in the server process; process: a process per stage.")
 @click.option(
     "--placement",
     multiple=True,
@@ -185,9 +197,12 @@ def _check_topology(spec, checkpoint: str, options: dict, stage_maps: dict[str, 
     default=None,
     help="The `model` clients send and /v1/models lists (default: the family name).",
 )
-@click.option("--max-input-chars", default=4096, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-upload-mb", default=25.0, show_default=True, type=_FiniteRange(min=0.001))
-@click.option("--max-audio-seconds", default=600.0, show_default=True, type=_FiniteRange(min=0.1))
+@click.option("--max-input-chars", default=4096, show_default=True, type=click.IntRange(min=1),
+              help="Longest speech input (413 beyond).")
+@click.option("--max-upload-mb", default=25.0, show_default=True, type=_FiniteRange(min=0.001),
+              help="Largest upload (413 beyond).")
+@click.option("--max-audio-seconds", default=600.0, show_default=True, type=_FiniteRange(min=0.1),
+              help="Longest audio a request brings: uploads, references, chat audio (413 beyond).")
 @click.option(
     "--drain-seconds",
     default=30.0,
@@ -200,6 +215,7 @@ def _check_topology(spec, checkpoint: str, options: dict, stage_maps: dict[str, 
     default="info",
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
+    help="The least severe messages the server logs.",
 )
 def serve(
     family,
@@ -233,6 +249,9 @@ def serve(
     from omni_core.serve.inputs import Limits
     from omni_core.serve.state import ServeConfig
 
+    if family is None:
+        click.echo(f"omni serve: --family is required; installed families: {_installed('families')}", err=True)
+        sys.exit(2)
     try:
         placement_map = _stage_map(placement, "--placement")
         stage_devices = _stage_map(stage_device, "--stage-device")

@@ -251,3 +251,19 @@ def test_a_model_path_that_does_not_exist_is_named_as_such(testfamily_site, tmp_
     afile.write_bytes(b"x")
     wrong = run_omni(["serve", "--family", "testfamily", "--model", str(afile)], env)
     assert wrong.returncode == 2 and "is a file, not a checkpoint directory" in wrong.stderr
+
+
+def test_serve_without_a_family_lists_the_installed_ones(testfamily_site):
+    result = run_omni(["serve"], env_with_path(testfamily_site, OMNI_PLUGINS="testfamily"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == "omni serve: --family is required; installed families: testfamily"
+
+
+def test_every_serve_option_says_what_it_does_and_devices_are_the_installed_platforms():
+    import click
+    from omni_core.hooks import get_plugin_manager
+    from omni_core.serve.command import serve
+
+    options = {param.name: param for param in serve.params if isinstance(param, click.Option)}
+    assert all(option.help for option in options.values()), [name for name, o in options.items() if not o.help]
+    assert all(platform in options["device"].help for platform in get_plugin_manager().platforms())
