@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -13,8 +15,14 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_pip_install_core_into_a_new_venv_lists_the_builtins(tmp_path):
     venv = tmp_path / "venv"
-    # System site-packages stand in for the registry: the dependencies are already on disk here.
+    # The packages of the environment running the tests stand in for the registry: the
+    # dependencies are already on disk there. --system-site-packages alone sees the base
+    # interpreter's, which in a virtual environment (as the README sets up) has no torch.
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    inner = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    outer = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()])
+    (Path(inner) / "outer-environment.pth").write_text("\n".join(outer) + "\n")  # after the new venv's own
     # The wheel is built by this Python's setuptools (a new venv's bundled one may be too old to build).
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
