@@ -23,6 +23,20 @@ from omni_core.scheduler.executor import Executor, Message
 PLACEMENTS = ("inproc", "process")
 
 
+def check_picklable(rebuild: Callable[[], Topology]) -> None:
+    """A stage process rebuilds the topology with ``rebuild``, sent to it pickled: say so now, and
+    which object, rather than when the first stage process is spawned."""
+    import pickle
+
+    try:
+        pickle.dumps(rebuild)
+    except Exception as exc:  # pickle raises several types: PicklingError, AttributeError, TypeError
+        raise ValueError(
+            f"stages placed in processes rebuild the topology there, so the family's build must be "
+            f"picklable (a module-level function, not a lambda or a local one): {exc}"
+        ) from None
+
+
 class PipelineFull(RuntimeError):
     """``max_running`` requests are in flight; retry later."""
 
@@ -95,6 +109,7 @@ class Pipeline:
             raise ValueError(
                 "stages placed in processes need rebuild=: a picklable callable returning the topology"
             )
+        check_picklable(self.rebuild)
         spec = self.plugin_manager.transport(self.transport_name)
         if not spec.cross_process:
             raise ValueError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -102,12 +103,17 @@ def _check_address(host: str, port: int) -> str | None:
     return None
 
 
-def _check_topology(spec, checkpoint: str, options: dict, stage_maps: dict[str, dict[str, str]]) -> str | None:
+def _check_topology(spec, checkpoint: str, options: dict, stage_maps: dict[str, dict[str, str]], processes: bool = False) -> str | None:
     """Why the family's topology cannot be built with these options, or names no such stage as
-    ``--placement``/``--stage-device`` do (None: fine); ``build`` is cheap by contract, so this
+    ``--placement``/``--stage-device`` do, or (``processes``: some stage runs in a process of its
+    own) cannot be sent to a stage process (None: fine); ``build`` is cheap by contract, so this
     runs before anything loads."""
+    from omni_core.pipeline.runtime import check_picklable
+
     try:
         names = [stage.name for stage in spec.build(checkpoint, options).stages]
+        if processes:
+            check_picklable(functools.partial(spec.build, checkpoint, options))
     except (ValueError, TypeError, KeyError) as exc:
         return f"cannot build the {spec.name} stages: {exc}"
     for flag, mapping in stage_maps.items():
@@ -285,7 +291,8 @@ def serve(
         click.echo(f"omni serve: {exc}", err=True)
         sys.exit(2)
     console.log(f"{family}: checkpoint {checkpoint}")
-    problem = _check_topology(spec, checkpoint, family_options, {"--placement": placement_map, "--stage-device": stage_devices})
+    processes = stage_mode == "process" or "process" in placement_map.values()
+    problem = _check_topology(spec, checkpoint, family_options, {"--placement": placement_map, "--stage-device": stage_devices}, processes)
     if problem:
         click.echo(f"omni serve: {problem}", err=True)
         sys.exit(2)

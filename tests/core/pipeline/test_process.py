@@ -136,3 +136,12 @@ def _alive(pid: int) -> bool:
     # a zombie (exited, not yet reaped) still answers; check its state
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_rebuild_that_cannot_pickle_is_refused_before_any_process_starts():
+    """A family whose build is a lambda: refused when the pipeline is made, naming why, not when
+    the first stage process is spawned (after the server already listens)."""
+    topology = toy.build("omni")
+    with pytest.raises(ValueError, match=r"family's build must be picklable .*lambda"):
+        Pipeline(topology, plugin_manager=toy.core_plugins(), placement={"talker": "process"}, transport="shm",
+                 rebuild=lambda: toy.build("omni"))
