@@ -76,6 +76,14 @@ def to_numpy(audio: Any) -> np.ndarray:
     return np.asarray(audio, dtype=np.float32).reshape(-1)
 
 
+def build_named(build, family: str, checkpoint_dir: str, options: dict[str, Any]):
+    """The family's topology, named after the family (stages and plugins' stage hooks learn the
+    family from it); module-level, so a stage process can get it pickled."""
+    topology = build(checkpoint_dir, options)
+    topology.name = family
+    return topology
+
+
 class Omni:
     """One family's pipeline, started on construction and stopped by ``shutdown`` (or ``with``)."""
 
@@ -109,7 +117,7 @@ class Omni:
         self.device = self._device(device)
         self.options = dict(options or {})
         say(f"building the {self.family} topology from {self.checkpoint_dir}")
-        rebuild = functools.partial(self.spec.build, self.checkpoint_dir, self.options)
+        rebuild = functools.partial(build_named, self.spec.build, self.spec.name, self.checkpoint_dir, self.options)
         topology = rebuild()
         from omni_core.pipeline import Pipeline, TopologyError
 

@@ -59,13 +59,14 @@ def omni_transports():
 
 
 @hookspec(firstresult=True)
-def omni_stage_hooks(family, stage, options):
+def omni_stage_hooks(family, stage, options, hooks):
     """Return the prefill/decode hooks object for one AR stage of a family, or ``None``.
 
-    Called once when the stage starts (never per token); the first non-None answer wins. The
-    object may define any of ``before_prefill``, ``post_prefill``, ``before_decode``,
-    ``post_decode``, ``sample`` and ``on_finish`` (see ``omni_core.scheduler.hooks.ARHooks``);
-    each is called once per engine step with batch tensors. ``family`` and ``stage`` are names;
-    ``options`` is the stage's options dict. A family usually passes its hooks directly in the
-    stage's options instead; this hook lets another plugin supply or replace them.
+    Called once when each AR stage of every family starts (never per token), with the family's
+    and the stage's names, the stage's options, and ``hooks``: the family's own hooks for the
+    stage (``None`` where it has none). The first non-None answer replaces them: it may wrap
+    ``hooks`` (call through to them) or stand alone. The object may define any of
+    ``before_prefill``, ``post_prefill``, ``before_decode``, ``post_decode``, ``sample`` and
+    ``on_finish`` (see ``omni_core.scheduler.hooks.ARHooks``); each is called once per engine
+    step with batch tensors. An implementation may take any subset of the arguments.
     """

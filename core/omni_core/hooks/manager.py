@@ -180,8 +180,9 @@ class PluginManager:
     def transport(self, name: str) -> TransportSpec:
         return self._one("transports", "transport", name)
 
-    def stage_hooks(self, family: str, stage: str, options: dict[str, Any]) -> Any:
-        return self.pm.hook.omni_stage_hooks(family=family, stage=stage, options=options)
+    def stage_hooks(self, family: str, stage: str, options: dict[str, Any], hooks: Any = None) -> Any:
+        """What a plugin puts in place of ``hooks`` (the family's own) for this AR stage, or None."""
+        return self.pm.hook.omni_stage_hooks(family=family, stage=stage, options=options, hooks=hooks)
 
 
 def _dist_name(ep: metadata.EntryPoint) -> str:

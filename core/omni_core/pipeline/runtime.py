@@ -141,7 +141,8 @@ class Pipeline:
                     executor: Executor = ProcessStage(self, stage, device, emit, fail, peer=peers)
                 else:
                     executor = build_executor(
-                        stage, device=device, emit=emit, fail=fail, plugin_manager=self.plugin_manager
+                        stage, device=device, emit=emit, fail=fail, plugin_manager=self.plugin_manager,
+                        family=self.topology.name,
                     )
                 self.executors[stage.name] = executor
             self._start_all()

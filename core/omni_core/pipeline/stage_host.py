@@ -26,6 +26,7 @@ def build_executor(
     emit: Callable[[Message], None],
     fail: Callable[[str, str], None],
     plugin_manager: Any,
+    family: str = "",
 ) -> Executor:
     """Look up the stage's engine through the plugin manager and make its executor (not started)."""
     platform = platform_for(device, plugin_manager)
@@ -41,6 +42,7 @@ def build_executor(
         options=dict(stage.options),
         platform=platform,
         plugin_manager=plugin_manager,
+        family=family,
     )
     return plugin_manager.engine(stage.engine).build(stage, context)
 

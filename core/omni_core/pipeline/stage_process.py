@@ -76,8 +76,9 @@ def _start_executor(rebuild, stage_name, device, plugins, out: Channel):
     def fail(request_id: str, error: str) -> None:
         out.send({"op": "fail", "rid": request_id, "error": error})
 
-    stage = rebuild().stage(stage_name)
-    executor = build_executor(stage, device=device, emit=emit, fail=fail, plugin_manager=plugins)
+    topology = rebuild()
+    stage = topology.stage(stage_name)
+    executor = build_executor(stage, device=device, emit=emit, fail=fail, plugin_manager=plugins, family=topology.name)
     executor.start()
     return executor
 

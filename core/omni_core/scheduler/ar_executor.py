@@ -28,9 +28,12 @@ class ARExecutor(Executor):
         self.worker = worker
         hooks = worker.hooks
         pm = self.context.plugin_manager
-        if hooks is None and pm is not None and hasattr(pm, "stage_hooks"):
-            options = getattr(self.stage, "options", None) or self.context.options
-            hooks = pm.stage_hooks(options.get("family", ""), self.context.stage, options)
+        if pm is not None and hasattr(pm, "stage_hooks"):  # another plugin may replace or wrap the family's
+            options = {**(getattr(self.stage, "options", None) or {}), **self.context.options}
+            family = self.context.family or str(options.get("family", ""))
+            supplied = pm.stage_hooks(family, self.context.stage, options, hooks)
+            if supplied is not None:
+                hooks = supplied
         self.engine = AREngine(worker.model, worker.engine_config, hooks=hooks, device=self.context.device)
         worker.max_model_len = self.engine.max_model_len
         worker.engine = self.engine

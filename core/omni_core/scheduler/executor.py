@@ -42,6 +42,7 @@ class StageContext:
     options: dict[str, Any] = field(default_factory=dict)
     platform: Any = None
     plugin_manager: Any = None
+    family: str = ""  # the family whose topology holds the stage (its Topology.name)
 
 
 class Executor(ABC):

@@ -1,6 +1,7 @@
 """The `ar` stage executor through a real StageSpec / StageContext, and the asyncio streaming API."""
 
 import asyncio
+import functools
 import threading
 import time
 
@@ -205,3 +206,48 @@ def test_hooks_come_from_a_plugin_when_the_worker_has_none(tiny_model):
     finally:
         executor.stop()
     assert seen == [("fam", "llm")] and collector.tokens("r") == [7, 7, 7]
+
+
+class _SamplesSeven:
+    def sample(self, batch, logits):
+        return torch.full((logits.shape[0],), 7, dtype=torch.int64)
+
+
+class _FamilyWorker(ARStageWorker):
+    """A family's AR stage that brings its own hooks (module-level: stage factories pickle)."""
+
+    def __init__(self, model, context):
+        super().__init__(model, hooks=_SamplesSeven(), engine_config=EngineConfig(block_size=4, num_kv_blocks=32))
+
+
+def test_another_plugins_stage_hooks_wrap_the_familys_with_both_names(tiny_model):
+    """Two plugins: a family whose AR stage passes its own hooks, and one whose omni_stage_hooks
+    wraps them. Through a real pipeline the wrapper is asked with the family's and the stage's
+    names and the family's hooks, and the tokens are the wrapped ones (7 + 1)."""
+    from types import SimpleNamespace
+
+    from omni_core.hooks import PluginManager, hookimpl
+    from omni_core.pipeline import Pipeline, StageSpec, Topology
+
+    asked = []
+
+    class PlusOne:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def sample(self, batch, logits):
+            return self.inner.sample(batch, logits) + 1
+
+    @hookimpl
+    def omni_stage_hooks(family, stage, hooks):
+        asked.append((family, stage, type(hooks).__name__))
+        return PlusOne(hooks)
+
+    manager = PluginManager(selection=set())
+    manager.register_object("wrapper", SimpleNamespace(omni_stage_hooks=omni_stage_hooks))
+    topology = Topology([StageSpec("llm", "ar", functools.partial(_FamilyWorker, tiny_model), ("in",), ("tokens",))], [],
+                        "llm.in", {"tokens": "llm.tokens"}, name="fam")
+    with Pipeline(topology, plugin_manager=manager) as pipeline:
+        events = pipeline.submit({"prompt_token_ids": [1, 2], "sampling": {"max_tokens": 3, "ignore_eos": True}}).collect(timeout=30)
+    assert asked == [("fam", "llm", "_SamplesSeven")]
+    assert [t for event in events["tokens"] for t in event.payload.get("token_ids", [])] == [8, 8, 8]
