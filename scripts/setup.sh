@@ -6,14 +6,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
+# pip's own progress bars on a terminal; one line per step either way
+if [[ -t 1 ]]; then PIP=("$PY" -m pip install --disable-pip-version-check); else PIP=("$PY" -m pip install --quiet --disable-pip-version-check); fi
+step() { echo "setup: $*"; }
 
 if [[ "${1:-}" == "--test" ]] && { ! command -v espeak-ng >/dev/null 2>&1 || ! ldconfig -p | grep -q libopenblas; }; then
+  step "installing espeak-ng, sox and OpenBLAS (apt-get)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng sox libopenblas0-pthread >/dev/null
 fi
 
 # A torch already present is kept; otherwise the pinned CPU build (an unpinned torch pulls GBs of CUDA wheels).
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  step "installing torch 2.13.0 (CPU build)"
   "${PIP[@]}" "torch==2.13.0"
 fi
 
@@ -21,8 +25,11 @@ packages=(-e ./core)
 for plugin in plugins/*/; do
   [[ -f "$plugin/pyproject.toml" ]] && packages+=(-e "./$plugin")
 done
+step "installing omni-core and the plugins under plugins/ (editable)"
 "${PIP[@]}" "${packages[@]}"
 
 if [[ "${1:-}" == "--test" ]]; then
+  step "installing the test packages (requirements-test.txt)"
   "${PIP[@]}" -r requirements-test.txt
 fi
+step "done: omni plugins list shows what is installed"

@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from omni_core.hooks import FamilySpec, Voice, check_option_names, get_plugin_manager
+from omni_core.hooks import FamilySpec, InvalidInput, Voice, check_option_names, get_plugin_manager
 from omni_core.serve import inputs as build
 from omni_core.serve.checkpoints import CheckpointNotFound, resolve_checkpoint
-from omni_core.serve.exceptions import InvalidInput
 from omni_core.serve.inputs import Limits, load_audio
 from omni_core.serve.voices_store import VoiceStore
 

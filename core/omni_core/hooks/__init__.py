@@ -1,5 +1,6 @@
 """The plugin contract: hook specifications, the records hooks return, and the plugin manager."""
 
+from omni_core.hooks.errors import InputTooLarge, InvalidInput
 from omni_core.hooks.hookspecs import ENTRY_POINT_GROUP, PROJECT, hookimpl, hookspec
 from omni_core.hooks.manager import PluginManager, PluginRecord, UnknownNameError, get_plugin_manager
 from omni_core.hooks.options import check_option_names, number_option
@@ -11,6 +12,8 @@ __all__ = [
     "TASKS",
     "EngineSpec",
     "FamilySpec",
+    "InputTooLarge",
+    "InvalidInput",
     "PluginManager",
     "PluginRecord",
     "TransportSpec",

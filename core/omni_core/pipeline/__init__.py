@@ -4,7 +4,7 @@ from omni_core.pipeline.handle import OutputEvent, RequestFailed, RequestHandle
 from omni_core.pipeline.runtime import Pipeline, PipelineFull
 from omni_core.pipeline.segmented import SegmentedHandle
 from omni_core.pipeline.topology import Edge, StageSpec, Topology, TopologyError
-from omni_core.pipeline.validation import JOINED_PORT
+from omni_core.pipeline.validation import JOINED_PORT, validate_topology
 from omni_core.scheduler.executor import Message, StageContext
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "StageSpec",
     "Topology",
     "TopologyError",
+    "validate_topology",
 ]

@@ -18,6 +18,7 @@ from omni_core.pipeline.handle import OutputEvent, RequestFailed, RequestHandle
 from omni_core.pipeline.routing import RequestPlan, Routes
 from omni_core.pipeline.stage_host import build_executor, release_request
 from omni_core.pipeline.topology import Topology, TopologyError
+from omni_core.pipeline.validation import validate_topology
 from omni_core.scheduler.executor import Executor, Message
 
 PLACEMENTS = ("inproc", "process")
@@ -66,7 +67,7 @@ class Pipeline:
         max_running: int = 1024,
         transport_options: dict[str, Any] | None = None,
     ):
-        topology.validate()
+        validate_topology(topology)
         if plugin_manager is None:
             from omni_core.hooks import get_plugin_manager
 

@@ -69,13 +69,6 @@ class Topology:
                 return stage
         raise TopologyError(f"unknown stage {name!r}; stages: {[s.name for s in self.stages]}")
 
-    def validate(self) -> Topology:
-        """Raise ``TopologyError`` naming the first problem; return self when the topology can run."""
-        from omni_core.pipeline.validation import validate_topology
-
-        validate_topology(self)
-        return self
-
 
 def split_port(port: str) -> tuple[str, str]:
     stage, sep, name = port.partition(".")

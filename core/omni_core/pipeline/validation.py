@@ -54,7 +54,8 @@ def _find_cycle(stages: list[str], edges: list[tuple[str, str]]) -> list[str] | 
     return None
 
 
-def validate_topology(topology: Topology) -> None:
+def validate_topology(topology: Topology) -> Topology:
+    """Raise ``TopologyError`` naming the first problem; return the topology when it can run."""
     names = [s.name for s in topology.stages]
     if not names:
         raise TopologyError("topology has no stages")
@@ -119,3 +120,4 @@ def validate_topology(topology: Topology) -> None:
             raise TopologyError(
                 f"stage {name!r} has no outgoing edge and no terminal output: its results would be lost"
             )
+    return topology

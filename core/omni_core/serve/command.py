@@ -246,6 +246,12 @@ def serve(
     log_level,
 ):
     """Serve a model family behind an OpenAI-compatible HTTP API."""
+    if family is None:
+        click.echo(f"omni serve: --family is required; installed families: {_installed('families')}", err=True)
+        sys.exit(2)
+    # a first line at once: the imports below (torch, the HTTP stack) take seconds
+    click.echo(f"omni serve: starting {family} ({preset + ' preset' if preset else model or 'its default checkpoint'}) "
+               f"for http://{host}:{port}", err=True)
     from omni_core.api import Omni
     from omni_core.cache import cache_root
     from omni_core.hooks import UnknownNameError, check_option_names, get_plugin_manager
@@ -254,10 +260,6 @@ def serve(
     from omni_core.serve.checkpoints import CheckpointNotFound, resolve_checkpoint
     from omni_core.serve.inputs import Limits
     from omni_core.serve.state import ServeConfig
-
-    if family is None:
-        click.echo(f"omni serve: --family is required; installed families: {_installed('families')}", err=True)
-        sys.exit(2)
     try:
         placement_map = _stage_map(placement, "--placement")
         stage_devices = _stage_map(stage_device, "--stage-device")

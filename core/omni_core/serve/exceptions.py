@@ -1,17 +1,6 @@
-"""Input errors raised below the HTTP layer (also by the offline ``Omni`` API); the server maps
-``InvalidInput`` to 400 and ``InputTooLarge`` to 413."""
+"""The input errors the server maps to 400 (``InvalidInput``) and 413 (``InputTooLarge``); they
+belong to the plugin contract (``omni_core.hooks``), named here for the HTTP layer's users."""
 
-from __future__ import annotations
+from omni_core.hooks.errors import InputTooLarge, InvalidInput
 
-
-class InvalidInput(ValueError):
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
-
-
-class InputTooLarge(InvalidInput):
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message, param, code="too_large")
+__all__ = ["InputTooLarge", "InvalidInput"]

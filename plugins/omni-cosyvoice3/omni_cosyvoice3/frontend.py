@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import torch
-from omni_core.serve.exceptions import InvalidInput
+from omni_core.hooks import InvalidInput
 
 from .features import kaldi_fbank, prompt_mel, resample, whisper_log_mel
 from .text_tokenizer import DEFAULT_SYSTEM, ENDOFPROMPT, TextTokenizer, normalize_text

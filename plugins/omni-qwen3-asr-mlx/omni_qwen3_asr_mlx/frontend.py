@@ -7,8 +7,7 @@ import math
 from typing import Any
 
 import numpy as np
-from omni_core.hooks import number_option
-from omni_core.serve.exceptions import InvalidInput
+from omni_core.hooks import InvalidInput, number_option
 
 from .config import audio_token_count, load_config
 from .features import FeatureSettings, LogMel

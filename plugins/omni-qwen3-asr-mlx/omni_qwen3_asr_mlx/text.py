@@ -7,7 +7,7 @@ otherwise the ``language X`` prefix is held back from the stream and parsed.
 
 from __future__ import annotations
 
-from omni_core.serve.exceptions import InvalidInput
+from omni_core.hooks import InvalidInput
 
 ASR_MARKER = "<asr_text>"
 # the prefix the model writes before the marker is a few tokens; past this, there is no prefix

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from omni_core.hooks import InvalidInput
 from omni_core.models.mel import log_mel
 from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
 from omni_core.scheduler.sampling_params import SamplingParams
-from omni_core.serve.exceptions import InvalidInput
 
 from .audio_encoder import AudioEncoder, audio_rows
 from .config import OmniCheckpoint, load_tokenizer

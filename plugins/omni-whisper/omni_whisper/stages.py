@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from omni_core.serve.exceptions import InvalidInput
+from omni_core.hooks import InvalidInput
 
 from omni_whisper.checkpoint import WhisperCheckpoint, load_checkpoint, resolve_checkpoint_dir
 from omni_whisper.cpu_threads import BUSY_DECODERS, ThreadSetter, compute_threads, encoder_workers, turn_lock

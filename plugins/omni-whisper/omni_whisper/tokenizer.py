@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omni_core.serve.exceptions import InvalidInput
+from omni_core.hooks import InvalidInput
 from tokenizers import Tokenizer
 
 SECONDS_PER_TIMESTAMP = 0.02

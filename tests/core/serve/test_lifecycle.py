@@ -41,7 +41,9 @@ def test_offline_without_checkpoint_exits_2_naming_the_way_out(testfamily_site, 
     result = run_omni(["serve", "--family", "testfamily"], env)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "--model" in lines[0] and "--preset tiny" in lines[0]
+    # the starting line, then the error in one line
+    assert len(lines) == 2 and lines[0].startswith("omni serve: starting testfamily")
+    assert "--model" in lines[1] and "--preset tiny" in lines[1]
 
 
 @pytest.mark.parametrize(
@@ -228,6 +230,8 @@ def test_an_option_the_family_does_not_declare_exits_2_naming_it(testfamily_site
     assert result.returncode == 2
     assert "family 'testfamily' has no option 'max_btch'; its options: batch_window_ms, max_batch" in result.stderr
     assert "Traceback" not in result.stderr
+    # the first line comes before the slow imports, saying what is starting
+    assert result.stderr.splitlines()[0] == "omni serve: starting testfamily (tiny preset) for http://127.0.0.1:8000"
 
 
 def test_omni_families_lists_families_and_one_familys_options(testfamily_site):
