@@ -7,7 +7,7 @@ with Omni(family="cosyvoice3", preset="tiny") as omni:
 ```
 
 The HTTP server is a thin layer over the same object: it builds the same entry payloads
-(``omni_core.serve.inputs``) and reads the same terminal outputs.
+(``omni_core.surface.inputs``) and reads the same terminal outputs.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from omni_core.hooks import FamilySpec, InvalidInput, Voice, check_option_names, get_plugin_manager
-from omni_core.serve import inputs as build
-from omni_core.serve.checkpoints import CheckpointNotFound, resolve_checkpoint
-from omni_core.serve.inputs import Limits, load_audio
-from omni_core.serve.voices_store import VoiceStore
+from omni_core.surface import inputs as build
+from omni_core.surface.checkpoints import CheckpointNotFound, resolve_checkpoint
+from omni_core.surface.inputs import Limits, load_audio
+from omni_core.surface.voices_store import VoiceStore
 
 
 @dataclass

@@ -14,7 +14,6 @@ from fastapi.responses import JSONResponse
 
 from omni_core.api import to_numpy
 from omni_core.pipeline import RequestFailed
-from omni_core.serve.audio_codecs import StreamEncoder, encode_audio
 from omni_core.serve.protocol import ChatRequest
 from omni_core.serve.streaming import (
     RequestAborted,
@@ -25,6 +24,7 @@ from omni_core.serve.streaming import (
     events_with_first,
 )
 from omni_core.serve.text_formats import sse
+from omni_core.surface.audio_codecs import StreamEncoder, encode_audio
 
 router = APIRouter()
 ENDPOINT = "/v1/chat/completions"

@@ -257,9 +257,9 @@ def serve(
     from omni_core.hooks import UnknownNameError, check_option_names, get_plugin_manager
     from omni_core.platforms.select import PlatformUnavailableError, resolve_platform
     from omni_core.serve.app import create_app
-    from omni_core.serve.checkpoints import CheckpointNotFound, resolve_checkpoint
-    from omni_core.serve.inputs import Limits
     from omni_core.serve.state import ServeConfig
+    from omni_core.surface.checkpoints import CheckpointNotFound, resolve_checkpoint
+    from omni_core.surface.inputs import Limits
     try:
         placement_map = _stage_map(placement, "--placement")
         stage_devices = _stage_map(stage_device, "--stage-device")

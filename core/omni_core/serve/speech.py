@@ -12,13 +12,6 @@ from fastapi.responses import Response
 
 from omni_core.api import to_numpy
 from omni_core.pipeline import RequestFailed
-from omni_core.serve.audio_codecs import (
-    CONTENT_TYPES,
-    StreamEncoder,
-    check_output_format,
-    decode_base64,
-    encode_audio,
-)
 from omni_core.serve.errors import APIError
 from omni_core.serve.protocol import SpeechRequest
 from omni_core.serve.streaming import (
@@ -30,6 +23,13 @@ from omni_core.serve.streaming import (
     events_with_first,
 )
 from omni_core.serve.text_formats import sse
+from omni_core.surface.audio_codecs import (
+    CONTENT_TYPES,
+    StreamEncoder,
+    check_output_format,
+    decode_base64,
+    encode_audio,
+)
 
 router = APIRouter()
 ENDPOINT = "/v1/audio/speech"

@@ -13,9 +13,9 @@ from fastapi import Request
 
 from omni_core.serve.admission import Admission, draining_error
 from omni_core.serve.errors import APIError, unknown_model
-from omni_core.serve.inputs import Limits
 from omni_core.serve.metrics import ServerMetrics
 from omni_core.serve.streaming import ClientGone, unless_client_leaves
+from omni_core.surface.inputs import Limits
 
 
 @dataclass

@@ -7,9 +7,9 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from omni_core.serve.errors import APIError
-from omni_core.serve.inputs import check_optional_text, load_audio
 from omni_core.serve.transcriptions import read_upload
-from omni_core.serve.voices_store import VoiceStoreError
+from omni_core.surface.inputs import check_optional_text, load_audio
+from omni_core.surface.voices_store import VoiceStoreError
 
 router = APIRouter()
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 from omni_core.serve.admission import Admission
-from omni_core.serve.audio_codecs import StreamEncoder, decode_audio, encode_audio
 from omni_core.serve.errors import APIError
 from omni_core.serve.exceptions import InputTooLarge, InvalidInput
 from omni_core.serve.text_formats import to_srt, to_vtt
-from omni_core.serve.voices_store import VoiceStore, VoiceStoreError
+from omni_core.surface.audio_codecs import StreamEncoder, decode_audio, encode_audio
+from omni_core.surface.voices_store import VoiceStore, VoiceStoreError
 
 TONE = (np.sin(np.arange(24000) / 7) * 0.4).astype(np.float32)
 

@@ -10,7 +10,7 @@ import pytest
 from omni_core import Omni
 from omni_core.hooks import PluginManager
 from omni_core.serve.exceptions import InputTooLarge, InvalidInput
-from omni_core.serve.inputs import Limits
+from omni_core.surface.inputs import Limits
 
 from tests.core.serve.server import tone_wav
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_core.serve.audio_codecs import check_seconds, decode_audio, decode_base64, resample
-from omni_core.serve.exceptions import InputTooLarge, InvalidInput
+from omni_core.hooks import InputTooLarge, InvalidInput
+from omni_core.surface.audio_codecs import check_seconds, decode_audio, decode_base64, resample
 
 
 @dataclass

@@ -17,7 +17,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from omni_core.serve.exceptions import InputTooLarge, InvalidInput
+from omni_core.hooks import InputTooLarge, InvalidInput
 
 CONTENT_TYPES = {
     "mp3": "audio/mpeg",
