@@ -7,10 +7,10 @@ stage factories, in the process that hosts each stage.
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 
 import torch
+from omni_core.hooks import warn_random_weights
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.scheduler.engine import EngineConfig
 
@@ -22,7 +22,6 @@ from .llm_stage import SpeechTokenWorker
 from .presets import describe
 from .stage_workers import FlowWorker, FrontendWorker, HiftWorker
 
-log = logging.getLogger(__name__)
 # fine steps past 256 frames: at large batches the DiT is compute-bound, so padding costs
 DEFAULT_GRAPH_FRAMES = "64,128,192,256,384,512,640,768,1024,1280,1536,2048"
 # batch x frames past which a call is compute-bound on a large GPU: eager, no padding, no graph pool
@@ -114,12 +113,9 @@ def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None =
 def build(checkpoint_dir: str, options: dict) -> Topology:
     """Options: ``options.OPTIONS`` (each with its default and meaning)."""
     check_layout(checkpoint_dir)
-    if describe(checkpoint_dir)["preset"]:
-        log.warning(
-            "cosyvoice3: %s holds the %r preset (random weights): its audio is noise",
-            checkpoint_dir,
-            describe(checkpoint_dir)["preset"],
-        )
+    preset = describe(checkpoint_dir)["preset"]
+    if preset:
+        warn_random_weights("cosyvoice3", checkpoint_dir, preset, "audio")
     dtype = str(options.get("dtype", "float32"))
     llm_dtype = str(options.get("llm_dtype", dtype))
     hift_dtype = str(options.get("hift_dtype", "float32"))

@@ -5,12 +5,12 @@ a stage reads only the shards that hold its prefix. A checkpoint with random wei
 from __future__ import annotations
 
 import itertools
-import logging
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from omni_core.hooks import warn_random_weights
 from omni_core.models import iter_safetensors, load_weights
 from omni_core.models.construct import constructing
 
@@ -22,8 +22,6 @@ from .presets import describe
 from .talker import TalkerLM, TalkerProjections, checkpoint_weights
 from .thinker import ThinkerLM
 from .vision_encoder import VisionEncoder
-
-log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,7 +43,7 @@ def check_layout(checkpoint_dir: str) -> None:
         raise CheckpointError(f"{root} is not a Qwen3-Omni checkpoint: missing {', '.join(missing)}")
     preset = describe(root)
     if preset:
-        log.warning("qwen3-omni: %s holds the %r preset (random weights): its replies are noise", root, preset)
+        warn_random_weights("qwen3-omni", str(root), preset, "speech and text")
 
 
 def build_thinker(ckpt: OmniCheckpoint, device: str, dtype: torch.dtype) -> ThinkerLM:

@@ -174,3 +174,16 @@ def test_mlx_platform_and_device_choice(tiny_dir):
     if not mx.is_available(mx.gpu):
         with pytest.raises(RuntimeError, match="no GPU backend"):
             Pipeline(build_topology(tiny_dir, {"mlx_device": "gpu"})).start()
+
+
+def test_its_tiny_preset_warns_once_that_the_text_is_noise(tmp_path, caplog):
+    import logging
+
+    from omni_qwen3_asr_mlx.presets import READY_MARK
+
+    (tmp_path / READY_MARK).touch()  # what marks the preset's directory
+    with caplog.at_level(logging.WARNING, logger="omni.presets"):
+        build_topology(str(tmp_path), {})
+        build_topology(str(tmp_path), {})  # omni serve builds twice: to check, then to serve
+    assert [r.getMessage() for r in caplog.records if r.name == "omni.presets"] == [
+        f"qwen3-asr: {tmp_path} holds the 'tiny' preset (random weights): its text is noise"]
