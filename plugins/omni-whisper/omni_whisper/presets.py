@@ -50,9 +50,18 @@ def multilingual_tokenizer(english: dict) -> dict:
     return out
 
 
+MARKER = ".omni-preset"  # names the preset: its weights are random (build warns once)
+
+
+def preset_name(directory: str) -> str | None:
+    """The preset a checkpoint directory holds, or None for a real checkpoint."""
+    marker = Path(directory) / MARKER
+    return marker.read_text() if marker.is_file() else None
+
+
 def _write(directory: str, multilingual: bool) -> str:
     out = Path(directory)
-    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
+    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file() and (out / MARKER).is_file():
         return str(out)
     from transformers import WhisperForConditionalGeneration
 
@@ -77,6 +86,7 @@ def _write(directory: str, multilingual: bool) -> str:
     checkpoint = WhisperCheckpoint(config=config, state_dict=state, tokenizer_dir=tmp if multilingual else bundled,
                                    suppress_ids=suppress, begin_suppress_ids=begin_suppress)
     write_hf_checkpoint(checkpoint, tmp)
+    (tmp / MARKER).write_text("tiny-multilingual" if multilingual else "tiny")
     out.mkdir(parents=True, exist_ok=True)
     for item in tmp.iterdir():
         item.replace(out / item.name)

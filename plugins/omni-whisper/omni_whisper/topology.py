@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from omni_core.hooks import number_option
+from omni_core.hooks import number_option, warn_random_weights
 from omni_core.pipeline import Edge, StageSpec, Topology
 
 from omni_whisper import stages
@@ -15,6 +15,11 @@ from omni_whisper.dtypes import check_dtype
 
 def build(checkpoint_dir: str, options: dict) -> Topology:
     """Options: ``options.OPTIONS`` (each with its default and meaning)."""
+    from omni_whisper.presets import preset_name  # torch and transformers: not at plugin load
+
+    preset = preset_name(checkpoint_dir)
+    if preset:
+        warn_random_weights("whisper", checkpoint_dir, preset, "transcript")
     dtype = check_dtype(str(options.get("dtype", "auto")))
     threads = str(options.get("threads", "split"))
     check_mode(threads)  # a bad value fails here, before any stage starts

@@ -104,3 +104,18 @@ def test_server_detects_the_language_and_translates(client, preset_dir, clips):
         assert (named.language, named.text) == ("german", german.text)
     with pytest.raises(openai.BadRequestError, match="unknown language 'xx'"):
         client.audio.transcriptions.create(model="whisper", file=upload, language="xx")
+
+
+def test_a_preset_warns_once_that_its_transcripts_are_noise_and_the_real_checkpoint_does_not(tmp_path, caplog):
+    import logging
+
+    from omni_whisper.bundled import bundled_model_dir
+    from omni_whisper.presets import MARKER
+    from omni_whisper.topology import build
+
+    (tmp_path / MARKER).write_text("tiny")  # what the presets write beside their random weights
+    with caplog.at_level(logging.WARNING, logger="omni.presets"):
+        for directory in (str(tmp_path), str(tmp_path), str(bundled_model_dir())):
+            build(directory, {})
+    assert [r.getMessage() for r in caplog.records if r.name == "omni.presets"] == [
+        f"whisper: {tmp_path} holds the 'tiny' preset (random weights): its transcript is noise"]
