@@ -29,7 +29,10 @@ def sync(device: str) -> None:
 
 
 def prompts(path: str | None, count: int) -> list[str]:
-    texts = [json.loads(line)["text"] for line in open(path)] if path else ["Tell me about the weather where you are today."]
+    """``count`` texts from the chat dataset omni bench reads (its built-in prompts without one)."""
+    from omni_core.bench.dataset import BUILTIN_TEXTS, load_jsonl
+
+    texts = [item.text for item in load_jsonl(path, "chat")] if path else list(BUILTIN_TEXTS)
     return [texts[i % len(texts)] for i in range(count)]
 
 
