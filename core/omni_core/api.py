@@ -83,6 +83,11 @@ def build_named(build, family: str, checkpoint_dir: str, options: dict[str, Any]
     return topology
 
 
+def topology_builder(spec: FamilySpec, checkpoint_dir: str, options: dict[str, Any]):
+    """The callable that builds the family's topology here and again in every stage process."""
+    return functools.partial(build_named, spec.build, spec.name, checkpoint_dir, options)
+
+
 class Omni:
     """One family's pipeline, started on construction and stopped by ``shutdown`` (or ``with``)."""
 
@@ -116,7 +121,7 @@ class Omni:
         self.device = self._device(device)
         self.options = dict(options or {})
         say(f"building the {self.family} topology from {self.checkpoint_dir}")
-        rebuild = functools.partial(build_named, self.spec.build, self.spec.name, self.checkpoint_dir, self.options)
+        rebuild = topology_builder(self.spec, self.checkpoint_dir, self.options)
         topology = rebuild()
         from omni_core.pipeline import Pipeline, TopologyError
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import math
@@ -108,12 +107,14 @@ def _check_topology(spec, checkpoint: str, options: dict, stage_maps: dict[str, 
     ``--placement``/``--stage-device`` do, or (``processes``: some stage runs in a process of its
     own) cannot be sent to a stage process (None: fine); ``build`` is cheap by contract, so this
     runs before anything loads."""
+    from omni_core.api import topology_builder
     from omni_core.pipeline.runtime import check_picklable
 
+    rebuild = topology_builder(spec, checkpoint, options)  # what Omni will build and send to stage processes
     try:
-        names = [stage.name for stage in spec.build(checkpoint, options).stages]
+        names = [stage.name for stage in rebuild().stages]
         if processes:
-            check_picklable(functools.partial(spec.build, checkpoint, options))
+            check_picklable(rebuild)
     except (ValueError, TypeError, KeyError) as exc:
         return f"cannot build the {spec.name} stages: {exc}"
     for flag, mapping in stage_maps.items():
