@@ -9,7 +9,7 @@ dependent launch, about 1 us, included) and TB/s; a configuration whose blocks d
 multiprocessor together is listed as such (the register kernel is compiled for the blocks a
 multiprocessor asked for, which caps its registers). The question it answers: whether one block a
 multiprocessor, staging its share in shared memory, can read at the rate the Triton projections'
-many programs reach (docs/experiments/2026-12-03-gpu-decode-kernels.md, "The MLP's weight staged in shared memory").
+many programs reach (docs/experiments/2026-12-03-decode-kernel-fusions.md, "The MLP's weight staged in shared memory").
 
     python benchmarks/weight_stream_gpu.py
 """

@@ -13,7 +13,7 @@ It applies to bf16 dense models without per-head q/k norms (Qwen2-style; not Qwe
 Hopper GPUs, with head size 64, hidden and q sizes multiples of 128 and an intermediate size a
 multiple of 256, where NVRTC and the driver library load, and only with
 ``OMNI_DECODE_STEP_KERNEL=1``: on the H200 it is still slower than the per-layer kernels
-(docs/experiments/2026-12-03-gpu-decode-kernels.md, "One kernel a decode step"). The model calls it for decode steps of one
+(docs/experiments/2026-12-03-one-kernel-decode-step.md). The model calls it for decode steps of one
 sequence on the fused path (``QwenForCausalLM.forward``); everything else keeps the per-layer
 kernels.
 """
