@@ -17,28 +17,13 @@ from fastapi.responses import Response
 
 from omni_core import __version__
 from omni_core.serve import chat, info, speech, transcriptions, voices
+from omni_core.serve.auth import AuthMiddleware, open_paths
 from omni_core.serve.errors import APIError, install_error_handlers
 from omni_core.serve.metrics import MetricsMiddleware
 from omni_core.serve.state import ServeConfig, ServerState
 from omni_core.serve.streaming import ClientGone
 
 log = logging.getLogger("omni.serve")
-
-
-class AuthMiddleware:
-    """Checks the API key on /v1 before anything else (body parsing included)."""
-
-    def __init__(self, app, state: ServerState):
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            try:
-                self.state.check_auth(Request(scope))
-            except APIError as exc:
-                return await exc.response()(scope, receive, send)
-        await self.app(scope, receive, send)
 
 
 class JsonBodyLimitMiddleware:
@@ -120,6 +105,7 @@ def create_app(
     app.include_router(info.open_router)
     # a JSON body carries at most an upload's worth of base64 audio (4/3 of its bytes) and text
     app.add_middleware(JsonBodyLimitMiddleware, limit=lambda: int(config.limits.max_upload_mb * 2**20 * 1.5) + 2**20)
-    app.add_middleware(AuthMiddleware, state=state)
+    opened = open_paths(app, public_docs=config.public_docs, metrics_require_key=config.metrics_require_key)
+    app.add_middleware(AuthMiddleware, state=state, open=opened)
     app.add_middleware(MetricsMiddleware, metrics_getter=lambda: state.metrics)  # outermost: counts 401s too
     return app

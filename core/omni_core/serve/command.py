@@ -156,8 +156,12 @@ def _installed(kind: str) -> str:
     "--api-key",
     envvar="OMNI_API_KEY",
     default=None,
-    help="Require 'Authorization: Bearer KEY' on /v1 (env OMNI_API_KEY).",
+    help="Require 'Authorization: Bearer KEY' on every route but /health and /metrics (env OMNI_API_KEY).",
 )
+@click.option("--public-docs", is_flag=True, default=False,
+              help="Serve /openapi.json, /docs and /redoc without the API key.")
+@click.option("--metrics-require-key", is_flag=True, default=False,
+              help="Require the API key on /metrics too.")
 @click.option(
     "--max-running",
     default=16,
@@ -232,6 +236,8 @@ def serve(
     port,
     device,
     api_key,
+    public_docs,
+    metrics_require_key,
     max_running,
     max_queued,
     stage_mode,
@@ -315,6 +321,8 @@ def serve(
             max_input_chars=max_input_chars, max_upload_mb=max_upload_mb, max_audio_seconds=max_audio_seconds
         ),
         drain_grace_s=drain_seconds,
+        public_docs=public_docs,
+        metrics_require_key=metrics_require_key,
     )
 
     def load():

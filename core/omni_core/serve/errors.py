@@ -88,7 +88,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, str(exc.detail), type=kind).response()
+        # keeps what the status needs said (a 405's Allow)
+        return APIError(exc.status_code, str(exc.detail), type=kind, headers=dict(exc.headers or {})).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

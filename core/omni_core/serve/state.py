@@ -27,6 +27,8 @@ class ServeConfig:
     max_queued: int = 64
     limits: Limits = field(default_factory=Limits)
     drain_grace_s: float = 30.0
+    public_docs: bool = False  # /openapi.json, /docs, /redoc without the API key
+    metrics_require_key: bool = False  # /metrics behind the API key too
 
 
 class Slot:
@@ -117,17 +119,18 @@ class ServerState:
         try:
             admitted = await unless_client_leaves(request, acquiring)
         except asyncio.CancelledError:
-            await self._give_up(acquiring)
+            await self._give_up(acquiring, endpoint)
             raise
         if not admitted:
-            await self._give_up(acquiring)
+            await self._give_up(acquiring, endpoint)
             raise ClientGone()
         acquiring.result()  # 429, 503
         return Slot(self, endpoint)
 
-    async def _give_up(self, acquiring: asyncio.Future) -> None:
-        """Leaves the queue; a slot granted in the meantime goes back, and a wake-up this waiter
-        may have taken is passed on."""
+    async def _give_up(self, acquiring: asyncio.Future, endpoint: str) -> None:
+        """Leaves the queue (an aborted request, as one that left a stage); a slot granted in the
+        meantime goes back, and a wake-up this waiter may have taken is passed on."""
+        self.metrics.aborted.labels(endpoint).inc()
         acquiring.cancel()
         try:
             await acquiring

@@ -163,6 +163,13 @@ def test_api_key(api_server):
     assert httpx.get(f"{api_server.url}/health", timeout=10).status_code == 200  # probes stay open
 
 
+def test_a_method_not_allowed_says_which_are(api_server):
+    for method, path, allowed in (("GET", SPEECH, "POST"), ("DELETE", "/health", "GET")):
+        r = httpx.request(method, f"{api_server.url}{path}", headers=HEADERS, timeout=10)
+        assert r.status_code == 405 and r.headers.get("allow") == allowed, (method, path, r.headers)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
 def _stream_speech(client: httpx.Client, url: str, text: str) -> tuple[int, int, str | None]:
     """(status, bytes received, Retry-After) of one streamed speech request."""
     body = {
@@ -300,6 +307,8 @@ def test_a_queued_request_whose_client_leaves_gives_its_place_up(api_server):
     body = {"model": "testfamily", "input": "Hold the slot. " * 130, "voice": "alloy", "speed": 0.25,
             "response_format": "pcm", "stream_format": "audio"}
     readers = []  # kept: a reader closed by the garbage collector would close its stream
+    aborted = metric(url, "omni_requests_aborted_total", endpoint=SPEECH)
+    left = metric(url, "omni_requests_total", endpoint=SPEECH, status="499")
     with httpx.Client(timeout=30) as client, contextlib.ExitStack() as streams:
         for _ in range(4):  # the server runs 4 at once
             r = streams.enter_context(client.stream("POST", f"{url}{SPEECH}", json=body, headers=HEADERS))
@@ -314,5 +323,9 @@ def test_a_queued_request_whose_client_leaves_gives_its_place_up(api_server):
             time.sleep(0.05)
         assert metric(url, "omni_queue_depth") == 0  # while the 4 still run
         assert metric(url, "omni_running_requests") == 4
+        # it never ran, yet it was aborted: counted as such (and as a 499)
+        assert metric(url, "omni_requests_aborted_total", endpoint=SPEECH) == aborted + 1
+        assert metric(url, "omni_requests_total", endpoint=SPEECH, status="499") == left + 1
     _wait_idle(url)
+    assert metric(url, "omni_requests_aborted_total", endpoint=SPEECH) == aborted + 5  # and the 4 left
     assert httpx.post(f"{url}{SPEECH}", headers=HEADERS, timeout=30, **speech()).status_code == 200
