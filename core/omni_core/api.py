@@ -23,7 +23,7 @@ from omni_core.hooks import FamilySpec, InvalidInput, Voice, check_option_names,
 from omni_core.surface import inputs as build
 from omni_core.surface.checkpoints import CheckpointNotFound, resolve_checkpoint
 from omni_core.surface.inputs import Limits, load_audio
-from omni_core.surface.voices_store import VoiceStore
+from omni_core.surface.voices_store import SavedVoice, VoiceStore
 
 
 @dataclass
@@ -191,6 +191,23 @@ class Omni:
         raise InvalidInput(
             f"unknown voice {voice!r}; available: {', '.join(known) or 'none'}", param, code="unknown_voice"
         )
+
+    def save_voice(
+        self, name: str, audio: Any, sample_rate: int | None = None, text: str = "", *, param: str = "audio"
+    ) -> SavedVoice:
+        """Saves a reference clip (a path, encoded bytes, or samples with their ``sample_rate``)
+        and its transcript as a voice of ``voices_dir``. A clip the family could never clone from
+        (``FamilySpec.reference_limits``) raises ``InvalidInput`` naming the limits; a name that
+        is taken or malformed raises ``VoiceStoreError``."""
+        if self.voice_store is None:
+            raise InvalidInput("voices need a voices directory (voices_dir, --voices-dir)", code="voices_disabled")
+        samples, rate = load_audio(audio, sample_rate, param, self.limits.max_audio_seconds)
+        limits = self.spec.reference_limits
+        problem = limits.problem(len(samples) / rate, rate) if limits is not None else None
+        if problem:
+            raise InvalidInput(f"{self.family}: {problem}", param, code="unusable_reference")
+        reserved = {v.id for v in self._builtin_voices} | {v.name for v in self._builtin_voices}
+        return self.voice_store.save(name, samples, rate, text, reserved)
 
     def _tasks(self) -> tuple[str, ...]:
         """What this checkpoint does: the family's tasks, or those its ``checkpoint_tasks`` names."""

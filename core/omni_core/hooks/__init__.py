@@ -5,7 +5,7 @@ from omni_core.hooks.hookspecs import ENTRY_POINT_GROUP, PROJECT, hookimpl, hook
 from omni_core.hooks.manager import PluginManager, PluginRecord, UnknownNameError, get_plugin_manager
 from omni_core.hooks.options import check_option_names, number_option
 from omni_core.hooks.presets import warn_random_weights
-from omni_core.hooks.specs import TASKS, EngineSpec, FamilySpec, TransportSpec, Voice
+from omni_core.hooks.specs import TASKS, EngineSpec, FamilySpec, ReferenceLimits, TransportSpec, Voice
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -17,6 +17,7 @@ __all__ = [
     "InvalidInput",
     "PluginManager",
     "PluginRecord",
+    "ReferenceLimits",
     "TransportSpec",
     "UnknownNameError",
     "Voice",

@@ -24,6 +24,29 @@ class Voice:
 
 
 @dataclass(frozen=True)
+class ReferenceLimits:
+    """The reference audio (a clip to clone a voice from) a family can use: how long it lasts
+    and its sample rate, bounds included. A voice saved outside them could never be used, so
+    saving one is refused; the family's stage refuses a request's reference with ``problem``."""
+
+    min_seconds: float = 0.0
+    max_seconds: float = float("inf")
+    min_sample_rate: int = 1
+    max_sample_rate: int = 1_000_000
+
+    def __str__(self) -> str:
+        return f"{self.min_seconds:g}-{self.max_seconds:g} s at {self.min_sample_rate}-{self.max_sample_rate} Hz"
+
+    def problem(self, seconds: float, sample_rate: int) -> str | None:
+        """Why a clip of ``seconds`` at ``sample_rate`` is out of bounds, naming them (None: it fits)."""
+        if not self.min_sample_rate <= sample_rate <= self.max_sample_rate:
+            return f"reference audio must last {self}; this one is sampled at {sample_rate} Hz"
+        if not self.min_seconds <= seconds <= self.max_seconds:
+            return f"reference audio must last {self}; this one lasts {seconds:.2f} s"
+        return None
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     """A model family: what it can do and how a checkpoint becomes a stage topology.
 
@@ -44,6 +67,8 @@ class FamilySpec:
     ``options`` names the build options the family reads (``--option KEY=VALUE``), each with one
     line saying its default and what it does; where given, keys it does not name are refused
     (``check_option_names``) and ``omni families NAME`` lists them. None: undeclared, unchecked.
+    ``reference_limits`` bounds the reference audio a family clones from (``ReferenceLimits``);
+    None: any.
     """
 
     name: str
@@ -58,6 +83,7 @@ class FamilySpec:
     checkpoint_tasks: Callable[[str], tuple[str, ...]] | None = None
     description: str = ""
     options: dict[str, str] | None = None
+    reference_limits: ReferenceLimits | None = None
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tasks if t not in TASKS]

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from omni_core.serve.errors import APIError
 from omni_core.serve.transcriptions import read_upload
-from omni_core.surface.inputs import check_optional_text, load_audio
+from omni_core.surface.inputs import check_optional_text
 from omni_core.surface.voices_store import VoiceStoreError
 
 router = APIRouter()
@@ -35,7 +35,7 @@ async def list_voices(request: Request):
 @router.post("/v1/audio/voices")
 async def create_voice(request: Request):
     state = request.app.state.omni_state
-    omni, store = _store(state)
+    omni, _ = _store(state)
     form, data = await read_upload(request, state.config.limits.max_upload_mb)
     name = form.get("name")
     text = form.get("text") or form.get("reference_text")
@@ -49,10 +49,8 @@ async def create_voice(request: Request):
             code="missing_required_parameter",
         )
     check_optional_text(text, state.config.limits, "text")
-    samples, rate = await asyncio.to_thread(load_audio, data, None, "file", state.config.limits.max_audio_seconds)
-    reserved = {v.id for v in omni.builtin_voices()} | {v.name for v in omni.builtin_voices()}
     try:
-        voice = await asyncio.to_thread(store.save, name.strip(), samples, rate, text.strip(), reserved)
+        voice = await asyncio.to_thread(omni.save_voice, name.strip(), data, None, text.strip(), param="file")
     except VoiceStoreError as exc:
         raise APIError(400, str(exc), param="name") from None
     return voice.to_json()

@@ -24,10 +24,9 @@ import torch
 from omni_core.hooks import InvalidInput
 
 from .features import kaldi_fbank, prompt_mel, resample, whisper_log_mel
+from .reference import REFERENCE_LIMITS
 from .text_tokenizer import DEFAULT_SYSTEM, ENDOFPROMPT, TextTokenizer, normalize_text
 
-MAX_REFERENCE_SECONDS = 30.0
-MIN_REFERENCE_SECONDS = 0.2
 MAX_TEXT_CHARS = 4000
 SPEED_RANGE = (0.25, 4.0)
 # encoded references kept, keyed by their samples: a saved voice arrives as the same recording on
@@ -83,24 +82,16 @@ class Frontend:
     def reference(self, audio: Any, sample_rate: Any) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(speech tokens, prompt mel [2 * tokens, 80], x-vector [192]) of a reference recording;
         the last ``REFERENCE_CACHE`` recordings' are kept (the tensors are shared: read only)."""
-        if (
-            not isinstance(sample_rate, int)
-            or isinstance(sample_rate, bool)
-            or not 8000 <= sample_rate <= 192000
-        ):
-            raise InvalidInput(
-                f"reference_sample_rate must be an integer between 8000 and 192000, got {sample_rate!r}"
-            )
+        if not isinstance(sample_rate, int) or isinstance(sample_rate, bool):
+            raise InvalidInput(f"reference_sample_rate must be an integer, got {sample_rate!r}")
         wav = audio.detach().cpu().numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio)
         if wav.ndim != 1 or wav.dtype.kind != "f":
             raise InvalidInput(
                 f"reference_audio must be mono float samples, got shape {wav.shape} dtype {wav.dtype}"
             )
-        seconds = len(wav) / sample_rate
-        if not MIN_REFERENCE_SECONDS <= seconds <= MAX_REFERENCE_SECONDS:
-            raise InvalidInput(
-                f"reference audio must last {MIN_REFERENCE_SECONDS}-{MAX_REFERENCE_SECONDS:.0f} s, got {seconds:.2f} s"
-            )
+        problem = REFERENCE_LIMITS.problem(len(wav) / max(sample_rate, 1), sample_rate)
+        if problem:
+            raise InvalidInput(problem)
         if not np.isfinite(wav).all():
             raise InvalidInput("reference_audio contains NaN or infinite samples")
         key = (sample_rate, str(wav.dtype), hashlib.blake2b(np.ascontiguousarray(wav).tobytes(), digest_size=16).digest())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from omni_core.hooks import FamilySpec, Voice, hookimpl
 
 from .options import OPTIONS
+from .reference import REFERENCE_LIMITS
 
 # Model code (torch, transformers) loads on first use, not when `omni plugins list` loads plugins.
 
@@ -59,5 +60,6 @@ def omni_families():
             split_speech=split_speech,
             description="Fun-CosyVoice3 TTS: streaming synthesis and zero-shot voice cloning",
             options=OPTIONS,
+            reference_limits=REFERENCE_LIMITS,
         )
     ]

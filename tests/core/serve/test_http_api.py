@@ -260,6 +260,27 @@ def test_voices_save_use_delete(client, server):
     )
 
 
+@pytest.mark.parametrize(
+    ("seconds", "rate", "why"),
+    [(12.0, 16000, "lasts 12.00 s"), (0.2, 16000, "lasts 0.20 s"), (2.0, 4000, "sampled at 4000 Hz")],
+)
+def test_a_voice_the_family_cannot_clone_from_is_not_saved(server, seconds, rate, why):
+    url = f"{server.url}/v1/audio/voices"
+    before = httpx.get(url, headers=HEADERS, timeout=10).json()["data"]
+    refused = httpx.post(
+        url,
+        headers=HEADERS,
+        data={"name": "unusable", "text": "a tone"},
+        files={"file": ("ref.wav", tone_wav(seconds, rate=rate), "audio/wav")},
+        timeout=30,
+    )
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "file" and error["code"] == "unusable_reference"
+    assert "must last 0.5-10 s at 8000-48000 Hz" in error["message"] and why in error["message"]
+    assert httpx.get(url, headers=HEADERS, timeout=10).json()["data"] == before
+
+
 def test_models_and_metrics(client, server):
     assert [m.id for m in client.models.list().data] == ["testfamily"]
     text = httpx.get(f"{server.url}/metrics", timeout=5).text

@@ -97,3 +97,12 @@ def test_invalid_input_raises_clear_errors(omni):
     with pytest.raises(InvalidInput, match="could not decode"):
         omni.transcribe(b"not audio at all" * 10)
     assert omni.pipeline.running() == []
+
+
+def test_a_saved_voice_is_one_the_family_can_clone_from(omni):
+    with pytest.raises(InvalidInput, match=r"must last 0.5-10 s at 8000-48000 Hz; this one lasts 0.25 s") as info:
+        omni.save_voice("blip", np.zeros(4000, np.float32), 16000, "too short")
+    assert info.value.param == "audio" and omni.voice_store.find("blip") is None
+    voice = omni.save_voice("tone", tone_wav(1.0), text="a tone")
+    assert voice.duration == 1.0 and omni.voice_store.find("tone") == voice
+    assert len(omni.speech("hi", voice="tone").audio) == len(b"hi") * 400

@@ -142,6 +142,22 @@ def test_clone_from_espeak_reference_and_saved_voice(client, server, reference):
     assert len(sf.read(io.BytesIO(by_name.content))[0]) > 0
 
 
+@pytest.mark.parametrize("seconds", [60.0, 0.1])
+def test_a_voice_too_long_or_short_to_clone_from_is_not_saved(server, seconds):
+    clip = io.BytesIO()
+    sf.write(clip, np.full(int(seconds * 16000), 0.1, np.float32), 16000, format="WAV")
+    name = f"clip of {seconds} s"
+    refused = httpx.post(
+        f"{server[0]}/v1/audio/voices",
+        data={"name": name, "text": "a clip"},
+        files={"file": ("clip.wav", clip.getvalue(), "audio/wav")},
+        timeout=60,
+    )
+    assert refused.status_code == 400, refused.text
+    assert f"reference audio must last 0.2-30 s at 8000-192000 Hz; this one lasts {seconds:.2f} s" in refused.json()["error"]["message"]
+    assert name not in {v.get("name") for v in httpx.get(f"{server[0]}/v1/audio/voices").json()["data"]}
+
+
 def test_concurrent_requests_batch_and_match_alone(client):
     texts = [f"Request number {i} speaks a short line." for i in range(6)]
 
