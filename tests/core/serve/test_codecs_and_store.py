@@ -99,6 +99,7 @@ def test_voice_store_persists_atomically(tmp_path):
     (tmp_path / f"voice_{'0' * 16}.wav").write_bytes(b"half written")  # no metadata: not a voice
     reopened = VoiceStore(tmp_path)
     assert [v.id for v in reopened.list()] == [voice.id]
+    assert not (tmp_path / f"voice_{'0' * 16}.wav").exists()  # removed on opening: no record names it
     audio, rate = reopened.load_audio(reopened.find("narrator"))
     assert rate == 24000 and np.abs(audio - TONE).max() < 1e-3
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
