@@ -2,8 +2,9 @@
 (rank 0) and its stage processes (ranks 1..n); the msgpack metadata still travels on the control
 plane, and host tensors ride in its frames.
 
-The runtime's transport hosts the rendezvous (a ``TCPStore``) and tells each stage process its
-rank (``peer_options``). Every process joins the group in a background thread at construction,
+The runtime's transport hosts the rendezvous (``omni_core.comm.rendezvous``: a ``TCPStore`` on
+the address it is given, its keys under a secret token) and tells each stage process its rank
+and the token (``peer_options``, passed to the process as it is spawned). Every process joins the group in a background thread at construction,
 so no process waits for another to start; ``pack``/``unpack`` wait for the group. Each direction
 between the runtime and a stage process has its own communicator (two groups per pair), and
 each side issues its sends (``flush``, after the frames) and receives (``unpack``) in frame
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from omni_core.comm import framing
+from omni_core.comm import framing, rendezvous
 from omni_core.comm.base import Transport, TransportUnavailable
 
 JOIN_TIMEOUT_S = 300.0
@@ -56,11 +57,10 @@ class NcclTransport(Transport):
         device: str | None = None,
         backend: str = "nccl",
         host: str = "127.0.0.1",
+        token: str | None = None,
         **options: Any,
     ):
         super().__init__(prefix, **options)
-        import torch.distributed as dist
-
         if backend == "nccl":
             reason = nccl_unavailable_reason()
             if reason is not None:
@@ -78,26 +78,17 @@ class NcclTransport(Transport):
         self.device = torch.device(device) if backend == "nccl" else torch.device("cpu")
         self.rank = rank
         self.world_size = world_size if world_size is not None else peers + 1
+        timeout = timedelta(seconds=JOIN_TIMEOUT_S)
         if rank == 0:
-            self.store = dist.TCPStore(
-                host,
-                0,
-                self.world_size,
-                True,
-                wait_for_workers=False,
-                timeout=timedelta(seconds=JOIN_TIMEOUT_S),
-            )
-            self.store_address = f"{host}:{self.store.port}"
+            self.rendezvous = rendezvous.host(host, self.world_size, timeout, token)
         else:
             if store is None:
                 raise TransportUnavailable(
                     "transport 'nccl': a stage process needs the runtime's store address"
                 )
-            store_host, _, port = store.rpartition(":")
-            self.store = dist.TCPStore(
-                store_host, int(port), self.world_size, False, timeout=timedelta(seconds=JOIN_TIMEOUT_S)
-            )
-            self.store_address = store
+            self.rendezvous = rendezvous.join(store, token, rank, self.world_size, timeout)
+        self.store = self.rendezvous.store
+        self.store_address = self.rendezvous.address
         self._to_peer: dict[int, Any] = {}  # stage rank -> group for runtime -> stage
         self._from_peer: dict[int, Any] = {}  # stage rank -> group for stage -> runtime
         self._pending: dict[int, list[torch.Tensor]] = {}
@@ -145,6 +136,7 @@ class NcclTransport(Transport):
             "rank": peer,
             "world_size": self.world_size,
             "store": self.store_address,
+            "token": self.rendezvous.token,
             "backend": self.backend,
         }
 
