@@ -18,7 +18,7 @@ from fastapi.responses import Response
 from omni_core import __version__
 from omni_core.serve import chat, info, speech, transcriptions, voices
 from omni_core.serve.auth import AuthMiddleware, open_paths
-from omni_core.serve.errors import APIError, install_error_handlers
+from omni_core.serve.errors import APIError, QuietStreamCuts, install_error_handlers
 from omni_core.serve.metrics import MetricsMiddleware
 from omni_core.serve.state import ServeConfig, ServerState
 from omni_core.serve.streaming import ClientGone
@@ -84,6 +84,8 @@ def create_app(
     async def lifespan(app: FastAPI):
         thread = threading.Thread(target=load, name="omni-load", daemon=True)
         thread.start()
+        quiet = QuietStreamCuts()
+        logging.getLogger("uvicorn.error").addFilter(quiet)  # here: after uvicorn set its logging up
         try:
             yield
         finally:
@@ -91,6 +93,7 @@ def create_app(
             thread.join(timeout=1)
             if state.omni is not None:
                 state.omni.shutdown()
+            logging.getLogger("uvicorn.error").removeFilter(quiet)
 
     app = FastAPI(title="omni", version=__version__, lifespan=lifespan)
     app.state.omni_state = state

@@ -44,6 +44,25 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
+class StreamCut(Exception):
+    """The server ends a raw stream before its end (a stage failed, a drain aborted it): raised
+    out of the response, so that the server closes the connection with the chunked body
+    unterminated, which is how a raw stream says "incomplete". The response logs it in one line
+    (``SlotStreamingResponse``), so neither the error handler below nor the server (uvicorn,
+    through ``QuietStreamCuts``) logs its traceback again."""
+
+    def __init__(self, message: str, level: int = logging.WARNING):
+        super().__init__(message)
+        self.level = level
+
+
+class QuietStreamCuts(logging.Filter):
+    """For uvicorn's error log: drops its "Exception in ASGI application" of a ``StreamCut``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamCut))
+
+
 def unknown_model(name: str, served: str) -> APIError:
     return APIError(
         404,
@@ -93,5 +112,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
+        if isinstance(exc, StreamCut):  # logged already; its response has started: nothing to send
+            return APIError(500, str(exc), type="server_error").response()
         log.exception("unexpected error on %s", request.url.path)
         return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()

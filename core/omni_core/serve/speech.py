@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import time
 
 import numpy as np
@@ -17,6 +18,7 @@ from omni_core.serve.protocol import SpeechRequest
 from omni_core.serve.streaming import (
     RequestAborted,
     SlotStreamingResponse,
+    StreamCut,
     all_events,
     collect,
     error_event,
@@ -147,7 +149,8 @@ async def _audio_stream(state, slot, first, rest, fmt, rate):
                 yield data
     except (RequestFailed, RequestAborted) as exc:
         # Headers are sent: breaking the chunked body is how a raw stream says "incomplete".
-        raise RuntimeError(f"speech stream cut short: {exc!r}") from None
+        level = logging.INFO if isinstance(exc, RequestAborted) else logging.WARNING  # a drain is no fault
+        raise StreamCut(error_event(exc)["error"]["message"], level) from None
 
 
 async def _sse_stream(state, slot, first, rest, fmt, rate):

@@ -4,17 +4,22 @@ to leave, and turning a stage failure into an HTTP error."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from omni_core.pipeline import OutputEvent, RequestFailed
-from omni_core.serve.errors import APIError
+from omni_core.serve.errors import APIError, StreamCut
 
 
 class RequestAborted(Exception):
     """The request was aborted while its reply streamed (the server is draining)."""
+
+
+log = logging.getLogger("omni.serve")
 
 
 class ClientGone(Exception):
@@ -105,17 +110,35 @@ async def all_events(first: OutputEvent | None, rest: AsyncIterator[OutputEvent]
 
 class SlotStreamingResponse(StreamingResponse):
     """A stream that gives its admission slot back (and aborts its request if unfinished)
-    however the response ends, even when the client leaves before the first byte."""
+    however the response ends, even when the client leaves before the first byte. A client that
+    leaves is a normal end: one line at info; a ``StreamCut`` is one line at its level."""
 
     def __init__(self, content, slot, **kwargs):
         super().__init__(content, **kwargs)
         self.slot = slot
 
     async def __call__(self, scope, receive, send):
+        sent, finished = 0, False
+
+        async def watched(message):
+            nonlocal sent, finished
+            await send(message)
+            if message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+                finished = not message.get("more_body", False)
+
+        request_id = getattr(self.slot.handle, "request_id", None)
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, watched)
+        except StreamCut as exc:
+            log.log(exc.level, "%s: stream of request %s cut after %d bytes: %s", self.slot.endpoint, request_id, sent, exc)
+            raise
+        except (ClientDisconnect, OSError):  # how a server of ASGI spec 2.4 says the client left
+            pass
         finally:
             await self.slot.release()
+        if not finished:  # the stream was cancelled: the client left
+            log.info("%s: the client left after %d bytes; request %s aborted", self.slot.endpoint, sent, request_id)
 
 
 def error_event(exc: Exception) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import contextlib
+import json
 import socket
 import time
 from urllib.parse import urlsplit
@@ -240,6 +241,28 @@ def test_client_disconnect_aborts_in_every_stage(api_server):
         httpx.post(f"{url}{SPEECH}", json=body, headers=HEADERS, timeout=httpx.Timeout(30.0, read=0.3))
     _wait_idle(url)
     assert metric(url, "omni_requests_aborted_total", endpoint=SPEECH) == aborted + 2
+
+
+def test_a_client_cutting_a_raw_stream_is_one_info_line_not_a_traceback(api_server):
+    log_from = len(api_server.log_path.read_text())
+    body = json.dumps(speech(input="Long enough to be cut mid-way. " * 30, response_format="pcm", stream_format="audio")["json"])
+    with socket.create_connection(("127.0.0.1", api_server.port), timeout=30) as sock:
+        sock.sendall(
+            f"POST {SPEECH} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        received = b""
+        while len(received) < 20000:  # headers and some audio: the stream is under way
+            received += sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200")
+    _wait_idle(api_server.url)
+    deadline = time.monotonic() + 5
+    while "the client left" not in api_server.log_path.read_text()[log_from:] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = api_server.log_path.read_text()[log_from:]
+    left = [line for line in log.splitlines() if "the client left" in line]
+    assert len(left) == 1 and " INFO omni.serve: /v1/audio/speech: the client left after " in left[0], log
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log
 
 
 def test_upload_without_a_length_is_refused_once_past_the_limit(api_server):

@@ -112,6 +112,17 @@ def _sse_speech(url: str, text: str, outcome: dict) -> None:
         outcome["last"] = events[-1]
 
 
+def _raw_speech(url: str, text: str, outcome: dict) -> None:
+    body = {"model": "testfamily", "input": text, "voice": "alloy", "response_format": "pcm", "stream_format": "audio"}
+    try:
+        with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, headers=HEADERS, timeout=60) as r:
+            for _ in r.iter_bytes():
+                outcome["started"] = True
+        outcome["end"] = "whole"
+    except httpx.RemoteProtocolError:  # the chunked body ended without its terminator
+        outcome["end"] = "cut"
+
+
 def test_sigterm_drains_then_exits_0_and_voices_survive_restart(testfamily_site, tmp_path):
     voices = str(tmp_path / "voices")
     args = ("--api-key", API_KEY, "--voices-dir", voices, "--drain-seconds", "1.5")
@@ -124,15 +135,15 @@ def test_sigterm_drains_then_exits_0_and_voices_survive_restart(testfamily_site,
             files={"file": ("ref.wav", tone_wav(1.0), "audio/wav")},
             timeout=30,
         ).json()
-        short, long = {}, {}
+        short, long, raw = {}, {}, {}
         threads = [
             threading.Thread(target=_sse_speech, args=(server.url, text, out))
             for text, out in (("Short enough to finish.", short), ("Far too long to finish. " * 60, long))
-        ]
+        ] + [threading.Thread(target=_raw_speech, args=(server.url, "Far too long to finish. " * 60, raw))]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 30
-        while not (short.get("started") and long.get("started")) and time.monotonic() < deadline:
+        while not (short.get("started") and long.get("started") and raw.get("started")) and time.monotonic() < deadline:
             time.sleep(0.02)
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.2)
@@ -148,7 +159,12 @@ def test_sigterm_drains_then_exits_0_and_voices_survive_restart(testfamily_site,
             thread.join(timeout=30)
         assert short["last"]["type"] == "speech.audio.done"  # finished within the grace period
         assert long["last"]["type"] == "error" and long["last"]["error"]["code"] == "aborted"
+        assert raw["end"] == "cut"  # a raw stream cannot say why: it is cut
         assert server.process.wait(timeout=30) == 0
+        log = server.log_path.read_text()
+        cut = [line for line in log.splitlines() if " cut after " in line]
+        assert len(cut) == 1 and "INFO omni.serve" in cut[0] and cut[0].endswith("request aborted: the server is shutting down"), log
+        assert "Traceback" not in log, log  # said in that one line
     finally:
         server.kill()
 
