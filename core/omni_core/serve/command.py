@@ -18,8 +18,12 @@ def _console():
     return Console(stderr=True)
 
 
-def _run_server(app, state, host: str, port: int, log_level: str, grace_s: float) -> int:
+def _run_server(
+    app, state, host: str, port: int, log_level: str, grace_s: float, receive_timeout_s: float, max_connections: int
+) -> int:
     import uvicorn
+
+    from omni_core.serve.connections import limited_protocol
 
     class DrainingServer(uvicorn.Server):
         """First SIGTERM/SIGINT: refuse new work, let admitted requests finish within the grace
@@ -49,7 +53,12 @@ def _run_server(app, state, host: str, port: int, log_level: str, grace_s: float
             self.should_exit = True
 
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        timeout_graceful_shutdown=5,
+        http=limited_protocol(receive_timeout_s, max_connections),
     )
     server = DrainingServer(config)
     app.state.uvicorn_server = server
@@ -214,6 +223,10 @@ def _installed(kind: str) -> str:
               help="Largest upload (413 beyond).")
 @click.option("--max-audio-seconds", default=600.0, show_default=True, type=_FiniteRange(min=0.1),
               help="Longest audio a request brings: uploads, references, chat audio (413 beyond).")
+@click.option("--receive-timeout", default=60.0, show_default=True, type=_FiniteRange(min=0.1),
+              help="Seconds a request may take to arrive whole (headers and body); then it is dropped (408).")
+@click.option("--max-connections", default=512, show_default=True, type=click.IntRange(min=1),
+              help="Connections open at once; a new one past it gets 503 and is closed.")
 @click.option(
     "--drain-seconds",
     default=30.0,
@@ -249,6 +262,8 @@ def serve(
     max_input_chars,
     max_upload_mb,
     max_audio_seconds,
+    receive_timeout,
+    max_connections,
     drain_seconds,
     log_level,
 ):
@@ -349,4 +364,4 @@ def serve(
             server.should_exit = True
 
     app = create_app(config, load, on_load_failed=load_failed)
-    sys.exit(_run_server(app, app.state.omni_state, host, port, log_level, drain_seconds))
+    sys.exit(_run_server(app, app.state.omni_state, host, port, log_level, drain_seconds, receive_timeout, max_connections))
