@@ -150,9 +150,8 @@ class Omni:
     def _device(self, device: str) -> str:
         from omni_core.platforms.select import resolve_platform
 
-        if ":" in device:  # an explicit device such as cuda:1
-            return device
-        return resolve_platform(device, self.plugin_manager).device()
+        platform = resolve_platform(device, self.plugin_manager)  # refuses a device missing or unusable here
+        return device if ":" in device else platform.device()  # an explicit device such as xpu:1 as given
 
     # -- lifecycle --------------------------------------------------------------------------------
 

@@ -44,8 +44,10 @@ def omni_platforms():
     """Return a list of ``omni_core.platforms.Platform`` instances: hardware backends.
 
     A platform says whether it can run here (``is_available()`` returns ``(ok, reason)``), its
-    torch device strings, memory info, its torch.distributed backend and whether it can capture
-    graphs. The core registers ``cpu`` and ``cuda``.
+    torch device strings, device names and memory, its torch.distributed backend, whether it can
+    capture graphs, the dtypes it computes in and the attention backend engines pick on it; core
+    and families ask it (``omni_core.platforms.platform_for(device)``) rather than test device
+    strings. The core registers ``cpu`` and ``cuda``; docs/platforms.md has the whole interface.
     """
 
 

@@ -18,6 +18,7 @@ import torch
 
 from omni_core.models import kernels
 from omni_core.models.attention import AttentionMetadata, SdpaBackend, store_kv
+from omni_core.platforms import platform_for
 
 BACKEND_ENV = "OMNI_ATTENTION_BACKEND"
 
@@ -62,19 +63,24 @@ class TritonPagedBackend:
 def resolve_attention_backend(choice, device: torch.device):
     """The backend an engine uses: an object is used as is; ``"sdpa"`` or ``"triton"`` by name
     (``"triton-unfused"``: the Triton backend without the fused projection kernels, for comparison);
-    None picks ``$OMNI_ATTENTION_BACKEND`` if set, else ``triton`` on CUDA when triton imports and
-    ``sdpa`` otherwise."""
+    None picks ``$OMNI_ATTENTION_BACKEND`` if set, else the device's platform's
+    (``Platform.attention_backend``: ``triton`` on CUDA, which falls back to ``sdpa`` when triton
+    does not import; ``sdpa`` elsewhere)."""
     if choice is not None and not isinstance(choice, str):
         return choice
     device = torch.device(device)
-    name = choice or os.environ.get(BACKEND_ENV) or ("triton" if device.type == "cuda" and kernels.triton_available() else "sdpa")
+    platform = platform_for(device)
+    name = choice or os.environ.get(BACKEND_ENV)
+    if not name:
+        name = platform.attention_backend if platform.attention_backend != "triton" or kernels.triton_available() else "sdpa"
     if name == "sdpa":
         return SdpaBackend()
     if name in ("triton", "triton-unfused"):
         reason = kernels.triton_unavailable_reason()
         if reason is not None:
             raise ValueError(f"attention backend 'triton': {reason}")
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        # omni's Triton kernels run where the platform picks them (CUDA) or in Triton's CPU interpreter
+        if platform.attention_backend != "triton" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"attention backend 'triton' needs a CUDA device, not {device.type!r} (or TRITON_INTERPRET=1)")
         return TritonPagedBackend(fused_rows=name == "triton")
     raise ValueError(f"unknown attention backend {name!r}: expected 'sdpa' or 'triton'")

@@ -7,16 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from omni_core.pipeline.topology import StageSpec
+from omni_core.platforms import platform_for
 from omni_core.scheduler.executor import Executor, Message, StageContext
-
-
-def platform_for(device: str, plugin_manager: Any) -> Any:
-    """The platform whose device type matches ``device`` ("cpu", "cuda:1" ...), or None."""
-    device_type = device.split(":", 1)[0]
-    for platform in plugin_manager.platforms().values():
-        if getattr(platform, "device_type", None) == device_type:
-            return platform
-    return None
 
 
 def build_executor(
@@ -30,10 +22,9 @@ def build_executor(
 ) -> Executor:
     """Look up the stage's engine through the plugin manager and make its executor (not started)."""
     platform = platform_for(device, plugin_manager)
-    if platform is not None:
-        ok, reason = platform.is_available()
-        if not ok:
-            raise RuntimeError(f"stage {stage.name!r}: device {device!r} is not usable here: {reason}")
+    ok, reason = platform.is_available()
+    if not ok:
+        raise RuntimeError(f"stage {stage.name!r}: device {device!r} is not usable here: {reason}")
     context = StageContext(
         stage=stage.name,
         device=device,

@@ -1,14 +1,15 @@
 from __future__ import annotations
 
-from omni_core.platforms.base import MemoryInfo, Platform
+from omni_core.platforms.torch_accelerator import TorchAcceleratorPlatform
 
 
-class CudaPlatform(Platform):
+class CudaPlatform(TorchAcceleratorPlatform):
     name = "cuda"
     device_type = "cuda"
     dist_backend = "nccl"
     supports_graphs = True
     priority = 10
+    attention_backend = "triton"  # the engine falls back to sdpa where triton does not import
 
     def is_available(self) -> tuple[bool, str]:
         import torch
@@ -17,19 +18,3 @@ class CudaPlatform(Platform):
             built = torch.version.cuda
             return False, "no CUDA device visible" if built else "this torch build has no CUDA support"
         return True, ""
-
-    def device_count(self) -> int:
-        import torch
-
-        return torch.cuda.device_count()
-
-    def memory_info(self, index: int = 0) -> MemoryInfo:
-        import torch
-
-        free, total = torch.cuda.mem_get_info(index)
-        return MemoryInfo(total_bytes=total, free_bytes=free)
-
-    def synchronize(self) -> None:
-        import torch
-
-        torch.cuda.synchronize()

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from omni_core.platforms import platform_for
 from omni_core.scheduler.ar_scheduler import Scheduler
 from omni_core.scheduler.block_manager import BlockManager
 from omni_core.scheduler.hooks import resolve_hooks
@@ -27,9 +28,9 @@ DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 @dataclass
 class EngineConfig:
     """Engine sizing. The KV cache gets ``num_kv_blocks`` blocks if set, else as many as fit
-    in ``kv_cache_bytes``, else in ``kv_cache_fraction`` of the device's free memory (CUDA) or
-    1 GiB (CPU). ``max_model_len`` (prompt + output) defaults to the model's position limit,
-    capped by the cache size."""
+    in ``kv_cache_bytes``, else in ``kv_cache_fraction`` of the device's free memory (on an
+    accelerator: CUDA, XPU) or 1 GiB (CPU). ``max_model_len`` (prompt + output) defaults to the
+    model's position limit, capped by the cache size."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
@@ -46,9 +47,9 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] = ()
     attention_backend: Any = None
     # launch each decode step before the previous one's tokens reach the host (see AREngine.step);
-    # None: on CUDA
+    # None: on an accelerator
     overlap_decode: bool | None = None
-    # eager prefill passes of several sizes at start-up on CUDA, for models that take CUDA graphs
+    # eager prefill passes of several sizes at start-up on an accelerator, for models that take CUDA graphs
     # (ModelRunner.warm_up_prefill)
     warm_up_prefill: bool = True
 
@@ -110,6 +111,7 @@ class AREngine:
     def __init__(self, model, config: EngineConfig | None = None, hooks: Any = None, device: str | torch.device = "cpu"):
         self.config = config = config or EngineConfig()
         self.device = torch.device(device)
+        self.platform = platform_for(self.device)
         self.dtype = config.dtype or next(model.parameters()).dtype
         self.model = model
         self.hooks = resolve_hooks(hooks)
@@ -123,11 +125,11 @@ class AREngine:
         graph_sizes = tuple(s for s in config.cuda_graph_sizes if s <= config.max_num_seqs) if config.cuda_graphs else ()
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype, self.hooks, config.attention_backend, self.max_model_len, graph_sizes, config.cuda_graph_kv_lens)
         # only a model whose forward reads nothing but its tensors (as in a graph) runs without a request
-        if config.warm_up_prefill and self.device.type == "cuda" and getattr(model, "supports_cuda_graphs", False):
+        if config.warm_up_prefill and self.platform.accelerator and getattr(model, "supports_cuda_graphs", False):
             self.runner.warm_up_prefill(config.max_num_batched_tokens)
         self.eos_token_ids = tuple(config.eos_token_ids)
         self.requests: dict[str, Sequence] = {}
-        overlap = config.overlap_decode if config.overlap_decode is not None else self.device.type == "cuda"
+        overlap = config.overlap_decode if config.overlap_decode is not None else self.platform.accelerator
         # hooks that read or replace a step's tokens on the host need them before the next step
         # (a sampler that reads them through batch.recent_tokens says so: samples_ahead)
         host_hooks = ("before_decode", "post_decode") + (() if getattr(hooks, "samples_ahead", False) else ("sample",))
@@ -148,8 +150,8 @@ class AREngine:
     def _kv_budget(self) -> int:
         if self.config.kv_cache_bytes is not None:
             return self.config.kv_cache_bytes
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
+        if self.platform.accelerator:
+            free = self.platform.memory_info(self.device.index).free_bytes  # None: the current device
             return int(free * self.config.kv_cache_fraction)
         return 1 << 30
 

@@ -19,7 +19,8 @@ from omni_core.models import kernels, native
 from omni_core.models.attention import AttentionMetadata, ForwardContext
 from omni_core.models.cpu_linear import pack_cpu_linears
 from omni_core.models.paged_backend import resolve_attention_backend
-from omni_core.scheduler.graph_capture import CUDA_GRAPH_CAPTURE_LOCK
+from omni_core.platforms import Platform, platform_for
+from omni_core.scheduler.graph_capture import capture_cuda_graph
 from omni_core.scheduler.hooks import StepBatch
 from omni_core.scheduler.host_copy import to_device
 from omni_core.scheduler.sampler import Sampler, SamplingTensors, build_sampling_tensors
@@ -37,9 +38,9 @@ class LaunchedStep:
     token_ids: torch.Tensor | None  # on the device, one per sampled sequence
     step_outputs: dict[int, dict[str, Any]]
     host_tokens: torch.Tensor | None = None
-    copied: torch.cuda.Event | None = None
+    copied: Any = None  # the platform's event recorded after the copy
 
-    def copy_tokens_to_host(self, written: torch.Tensor | None = None) -> None:
+    def copy_tokens_to_host(self, platform: Platform, written: torch.Tensor | None = None) -> None:
         """Start the tokens' copy to pinned host memory; ``result()`` then waits for it alone.
         ``written``: pinned host memory the step's kernels store the tokens into themselves (a
         graph's argmax): no copy, ``result()`` waits for the step and reads it."""
@@ -47,8 +48,7 @@ class LaunchedStep:
             written = torch.empty(self.token_ids.shape, dtype=self.token_ids.dtype, pin_memory=True)
             written.copy_(self.token_ids, non_blocking=True)
         self.host_tokens = written
-        self.copied = torch.cuda.Event()
-        self.copied.record()
+        self.copied = platform.record_event()
 
     def result(self) -> tuple[list[int], list[int], dict[int, dict[str, Any]]]:
         if self.token_ids is None:
@@ -63,13 +63,14 @@ class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype, hooks: dict[str, Any], backend=None, max_model_len: int = 4096, cuda_graph_sizes: tuple[int, ...] = (), cuda_graph_kv_lens: tuple[int, ...] = ()):
         self.model = model
         self.device = device
+        self.platform = platform_for(device)
         self.dtype = dtype
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.hooks = hooks
         # a decode graph looks its tokens' embeddings up itself unless a hook may replace them
         self.embed_in_graph = "before_decode" not in hooks
-        self.backend = resolve_attention_backend(backend, device)  # triton on CUDA when it imports, else sdpa
+        self.backend = resolve_attention_backend(backend, device)  # the platform's (triton on CUDA when it imports), else sdpa
         # a decode graph's argmax kernel also writes its tokens into the graph's input ids, so a
         # greedy step launched ahead of the same graph needs no copy of them (a device copy cost 6
         # us a batch-1 step on the H200); not where a hook reads ``batch.input_ids`` after the
@@ -92,13 +93,13 @@ class ModelRunner:
         self.max_blocks_per_seq = (max_model_len + block_size - 1) // block_size
         # (batch size, block-table width) -> graph; narrow widths keep the KV gather short
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
-        if cuda_graph_sizes and device.type == "cuda" and getattr(model, "supports_cuda_graphs", False):
+        if cuda_graph_sizes and self.platform.supports_graphs and getattr(model, "supports_cuda_graphs", False):
             widths = sorted({min(self.max_blocks_per_seq, -(-t // block_size)) for t in cuda_graph_kv_lens} | {self.max_blocks_per_seq})
             self._capture_graphs(sorted(set(cuda_graph_sizes)), widths)
 
     @torch.inference_mode()
     def warm_up_prefill(self, token_budget: int) -> None:
-        """Eager prefill passes (the engine runs them at start-up on CUDA), hooks left out: one
+        """Eager prefill passes (the engine runs them at start-up on an accelerator), hooks left out: one
         prompt of lengths on both sides of the kernels' size classes, and batches of short
         prompts, each within ``token_budget`` tokens and the cache. Triton's kernels (the fused
         MoE's grouped matmuls, attention) build one variant per class of sizes on first use,
@@ -124,8 +125,7 @@ class ModelRunner:
             ids = torch.zeros(len(positions), dtype=torch.int64, device=self.device)
             hidden = self.model(self.model.embed(ids), positions.to(self.device), ctx)
             self.model.compute_logits(hidden[(lens.cumsum(0) - 1)])
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        self.platform.synchronize(self.device)
 
     @staticmethod
     def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
@@ -298,11 +298,11 @@ class ModelRunner:
                 if replaced is not None:
                     token_ids = replaced
         step = LaunchedStep(seqs, sample_index, token_ids, self._per_sequence_outputs(seqs, batch, captured, query_lens, sample_index))
-        if token_ids is not None and token_ids.device.type == "cuda":
+        if token_ids is not None and self.platform.accelerator:
             # always through pinned memory and an event, whose wait releases the GIL: other stage
             # threads of the process (a vocoder's) run their Python meanwhile
             written = self._tokens_in_host_memory(graph_key, len(seqs)) if token_ids is greedy else None
-            step.copy_tokens_to_host(written)
+            step.copy_tokens_to_host(self.platform, written)
         return step
 
     def _tokens_in_host_memory(self, graph_key: tuple[int, int] | None, n: int) -> torch.Tensor | None:
@@ -464,17 +464,10 @@ class ModelRunner:
                     greedy = logits.argmax(dim=-1)
                 return embeds, hidden, logits, greedy
 
-            with CUDA_GRAPH_CAPTURE_LOCK:
-                for _ in range(2):  # warm up kernels and allocator outside the graph
-                    step()
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                # thread_local: other stages' threads may load weights or run while this captures
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                    st["embeds"], st["hidden"], st["logits"], st["greedy"] = step()
+            graph, (st["embeds"], st["hidden"], st["logits"], st["greedy"]) = capture_cuda_graph(step, self.device, pool)
             pool = graph.pool()
             self.graphs[(size, width)] = (graph, st)
-        torch.cuda.synchronize(self.device)
+        self.platform.synchronize(self.device)
 
     def _replay(self, key: tuple[int, int], embeds, batch_size: int):
         """Replays graph ``key`` (its integer inputs were filled by ``_prepare_graph_decode``);
