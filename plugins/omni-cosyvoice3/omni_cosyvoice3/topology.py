@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from omni_core.hooks import warn_random_weights
 from omni_core.pipeline import Edge, StageSpec, Topology
+from omni_core.platforms import platform_for
 from omni_core.scheduler.engine import EngineConfig
 
 from .checkpoint import check_layout, load_flow, load_hift, load_llm, load_speakers
@@ -91,21 +92,21 @@ def _graph_plan(options: dict, prefix: str, max_batch: int) -> dict | None:
     return plan
 
 
-def _on_cuda(context) -> bool:
-    return torch.device(context.device).type == "cuda"
+def _captures_graphs(context) -> bool:
+    return platform_for(context.device).supports_graphs
 
 
 def flow_factory(context, checkpoint_dir: str, dtype: str, max_hop: int, graphs: dict | None = None):
     cfg = load_config(checkpoint_dir)
     model = load_flow(checkpoint_dir, cfg).to(device=context.device, dtype=_dtype(dtype))
-    if graphs and _on_cuda(context):
+    if graphs and _captures_graphs(context):
         model.use_graphs(graphs["batches"], graphs["frames"], graphs["warm"], graphs["max_work"])
     return FlowWorker(model, cfg.chunk_size, max_hop)
 
 
 def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None):
     model = load_hift(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
-    if graphs and _on_cuda(context):
+    if graphs and _captures_graphs(context):
         model.use_graphs(graphs["batches"], graphs["frames"], graphs["warm"], graphs["max_work"])
     return HiftWorker(model)
 

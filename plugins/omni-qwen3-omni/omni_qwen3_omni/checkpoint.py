@@ -13,6 +13,7 @@ import torch
 from omni_core.hooks import warn_random_weights
 from omni_core.models import iter_safetensors, load_weights
 from omni_core.models.construct import constructing
+from omni_core.platforms import platform_for
 
 from .audio_encoder import AudioEncoder
 from .code2wav import Code2Wav
@@ -28,7 +29,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        return getattr(torch, platform_for(device).default_dtype)  # bfloat16 on CUDA and XPU, float32 on CPU
     if name not in DTYPES:
         raise ValueError(f"qwen3-omni: dtype must be auto or one of {sorted(DTYPES)}, not {name!r}")
     return DTYPES[name]

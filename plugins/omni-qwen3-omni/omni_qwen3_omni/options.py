@@ -2,7 +2,7 @@
 them, so a key not named here is refused, and ``omni families qwen3-omni`` prints this table."""
 
 OPTIONS = {
-    "dtype": "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16",
+    "dtype": "auto (the platform's: bfloat16 on CUDA and XPU, float32 on CPU) | float32 | bfloat16 | float16",
     "max_batch": "thinker and talker sequences, and requests an encoder call takes (32)",
     "batch_window_ms": "how long an encoder or code2wav waits to fill a batch (2)",
     "max_model_len": "prompt + reply tokens (32768, or the model's limit)",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from omni_core.platforms import platform_for
 from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
@@ -127,7 +128,7 @@ class TalkerWorker(ARStageWorker):
         self.states: dict[str, Speaking] = {}
         model.suppress(speech.suppressed())
         # on CUDA the code predictor replays a graph per batch size (predictor_graphs)
-        graphs = self.device.type == "cuda" and engine_config.cuda_graphs
+        graphs = platform_for(self.device).supports_graphs and engine_config.cuda_graphs
         self.predictor_graphs = PredictorGraphs(self._predict_rows) if graphs else None
         if self.predictor_graphs is not None:
             like = torch.zeros(1, model.hidden_size, device=self.device, dtype=self.dtype)

@@ -17,9 +17,9 @@ import functools
 import json
 from pathlib import Path
 
-import torch
 from omni_core.hooks import number_option
 from omni_core.pipeline import Edge, StageSpec, Topology
+from omni_core.platforms import platform_for
 from omni_core.scheduler.engine import EngineConfig
 
 from .checkpoint import (
@@ -67,8 +67,8 @@ def talker_factory(context, checkpoint_dir: str, dtype: str, engine: dict, sampl
     model, projections = load_talker(ckpt, device, torch_dtype)
     predictor = load_code_predictor(ckpt, device, torch_dtype)
     table = load_thinker_embedding(ckpt, device, torch_dtype)
-    if engine["kv_cache_bytes"] is None and torch.device(device).type == "cuda":
-        # not the engine's default half of the free memory: the thinker's engine shares the GPU
+    if engine["kv_cache_bytes"] is None and platform_for(device).accelerator:
+        # not the engine's default half of the free memory: the thinker's engine shares the device
         engine = dict(engine, kv_cache_bytes=TALKER_KV_BYTES)
     return TalkerWorker(model, projections, predictor, table, SpeechIds.of(ckpt), EngineConfig(**engine), TalkerSampling(**sampling))
 

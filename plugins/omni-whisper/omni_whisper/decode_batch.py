@@ -3,12 +3,14 @@
 Rows live in preallocated tensors (self-attention cache up to the decoder's 448 positions, and
 cross-attention keys/values of the row's window) and stay packed in rows ``0..n-1``: a finished
 row is replaced by the last one, so every step works on views, never on gathered copies.
-On CUDA a step replays a captured graph of the decoder (``decode_graphs``) unless told not to.
+Where the platform captures graphs (CUDA) a step replays a captured graph of the decoder
+(``decode_graphs``) unless told not to.
 """
 
 from __future__ import annotations
 
 import torch
+from omni_core.platforms import platform_for
 
 from omni_whisper.decode_graphs import DecodeGraphs
 from omni_whisper.decoding import LogitRules, Window
@@ -20,7 +22,7 @@ class DecodeBatch:
                  cuda_graphs: bool = True):
         self.model, self.rules, self.capacity = model, rules, capacity
         self.device = model.decoder.embed_tokens.weight.device
-        self.graphs = DecodeGraphs(model, capacity) if cuda_graphs and self.device.type == "cuda" else None
+        self.graphs = DecodeGraphs(model, capacity) if cuda_graphs and platform_for(self.device).supports_graphs else None
         self.max_positions = model.config.max_target_positions
         self.source_positions = source_positions
         self.allocated = 0
