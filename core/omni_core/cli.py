@@ -11,6 +11,7 @@ from omni_core import __version__
 
 # command name -> "module:attribute" of a click command
 LAZY_COMMANDS = {
+    "env": "omni_core.env_command:env",
     "families": "omni_core.family_commands:families",
     "plugins": "omni_core.plugin_commands:plugins",
     "serve": "omni_core.serve.command:serve",
