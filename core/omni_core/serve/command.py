@@ -159,7 +159,7 @@ def _installed(kind: str) -> str:
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
 @click.option(
     "--device", default="auto", show_default=True,
-    help=f"auto (the best available), or an installed platform: {_installed('platforms')}; cuda:N picks a GPU.",
+    help=f"auto (the best available), or an installed platform: {_installed('platforms')}; PLATFORM:N picks one of its devices.",
 )
 @click.option(
     "--api-key",
@@ -305,6 +305,14 @@ def serve(
     except (UnknownNameError, ValueError) as exc:
         click.echo(f"omni serve: {exc}", err=True)
         sys.exit(2)
+    # a missing or unusable platform is a usage error, found before anything loads
+    devices = {f"--device {device}": device, **{f"--stage-device {k}={v}": v for k, v in stage_devices.items()}}
+    for given, wanted in devices.items():
+        try:
+            resolve_platform(wanted, manager)
+        except (UnknownNameError, PlatformUnavailableError) as exc:
+            click.echo(f"omni serve: {given}: {exc}", err=True)
+            sys.exit(2)
     if model and preset:
         click.echo("omni serve: give either --model or --preset, not both", err=True)
         sys.exit(2)
@@ -319,11 +327,6 @@ def serve(
     problem = _check_topology(spec, checkpoint, family_options, {"--placement": placement_map, "--stage-device": stage_devices}, processes)
     if problem:
         click.echo(f"omni serve: {problem}", err=True)
-        sys.exit(2)
-    try:  # a missing or unusable platform is a usage error, found before anything loads
-        resolve_platform(device, manager)
-    except (UnknownNameError, PlatformUnavailableError) as exc:
-        click.echo(f"omni serve: --device {device}: {exc}", err=True)
         sys.exit(2)
     voices_dir = voices_dir or str(cache_root() / "voices" / spec.name)
     config = ServeConfig(

@@ -1,0 +1,1 @@
+"""omni's ``xpu`` platform: Intel GPUs through torch's XPU build (``torch.xpu``)."""
