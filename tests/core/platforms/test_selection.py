@@ -63,10 +63,11 @@ def test_a_platform_not_installed_names_the_package_that_provides_it():
 
 
 def test_platform_for_finds_the_owner_of_a_device(platforms):
-    assert platform_for("cpu") is platforms["cpu"]
-    assert platform_for(torch.device("cpu")) is platforms["cpu"]
-    assert platform_for("xpu:1") is platforms["xpu"]
-    assert platform_for(torch.device("cuda", 0)) is platforms["cuda"]
+    # the process keeps the first platform found for a type (a stage's, from its own plugin
+    # manager): the same class, not necessarily this manager's object
+    for device, name in [("cpu", "cpu"), (torch.device("cpu"), "cpu"), ("xpu:1", "xpu"), (torch.device("cuda", 0), "cuda")]:
+        assert type(platform_for(device)) is type(platforms[name])
+    assert platform_for("xpu:1", get_plugin_manager()) is platforms["xpu"]
     unclaimed = platform_for("meta")
     assert type(unclaimed) is Platform and not unclaimed.accelerator and not unclaimed.supports_graphs
 
