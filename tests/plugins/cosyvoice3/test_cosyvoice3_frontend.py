@@ -82,7 +82,7 @@ def test_reference_prompt(frontend, reference):
                 "reference_audio": np.zeros(16000, dtype=np.float32),
                 "reference_sample_rate": 100,
             },
-            "reference_sample_rate",
+            "reference audio must last 0.2-30 s at 8000-192000 Hz; this one is sampled at 100 Hz",
         ),
         (
             {
