@@ -39,6 +39,7 @@ class SamplingTensors:
     any_min_p: bool
     any_greedy: bool = False  # some row has temperature 0 (takes its argmax)
     max_top_k: int = 0  # the largest top_k of the batch (0: none)
+    all_top_k: bool = False  # every row has a top_k: the draw looks at the top max_top_k tokens only
     penalty: torch.Tensor | None = None  # [B] where some sequence has repetition_penalty != 1
     seen_tokens: torch.Tensor | None = None  # [B, V] bool: tokens in prompt or output
     seen_lens: list[int] | None = None  # per row, how many of its tokens seen_tokens holds
@@ -80,6 +81,9 @@ class Sampler:
         greedy_tokens = greedy(logits) if t.any_greedy else None
         temp = torch.where(t.temperature > 0, t.temperature, torch.ones_like(t.temperature))
         logits = logits / temp[:, None]
+        if t.all_top_k and t.max_top_k * TOP_K_FRACTION <= logits.shape[-1]:
+            sampled = _sample_among_top_k(logits, t)
+            return sampled if greedy_tokens is None else torch.where(t.temperature > 0, sampled, greedy_tokens)
         if t.any_top_k:
             logits = _apply_top_k(logits, t.top_k, t.max_top_k)
         probs = torch.softmax(logits, dim=-1)
@@ -129,6 +133,27 @@ def _invert_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     # strictly below the total, so the index found always has probability above zero
     target = torch.minimum(uniforms.to(cdf.dtype)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True)[:, 0]
+
+
+TOP_K_FRACTION = 4  # the candidates path runs while the batch's largest top_k is at most a quarter of the vocabulary
+
+
+def _sample_among_top_k(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """The draw of ``Sampler`` when every row has a top_k, on the batch's ``max_top_k`` most likely
+    tokens instead of the whole vocabulary: no softmax, sort or cumulative sum over [B, V] (a dozen
+    fewer kernels, which is most of a small-vocabulary draw's cost on a GPU). The kept tokens are
+    put back in vocabulary order before the draw, so a seed draws what the whole-vocabulary path
+    draws (up to float32 rounding; tokens tied with a row's k-th are cut at k here)."""
+    values, ids = logits.topk(t.max_top_k, dim=-1)  # sorted, most likely first
+    beyond = torch.arange(t.max_top_k, device=logits.device)[None, :] >= t.top_k[:, None]
+    probs = torch.softmax(values.masked_fill(beyond, float("-inf")), dim=-1)
+    if t.any_top_p:
+        probs = torch.where((t.top_p >= 1)[:, None], probs, _nucleus(probs, t.top_p))
+    if t.any_min_p:
+        probs = probs.masked_fill(probs < t.min_p[:, None] * probs[:, :1], 0.0)
+    ids, order = ids.sort(dim=-1)
+    picked = _invert_cdf(probs.gather(-1, order), uniform_noise(t.seeds, t.steps, 1)[:, 0])
+    return ids.gather(-1, picked[:, None])[:, 0]
 
 
 def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:
@@ -199,6 +224,7 @@ def build_sampling_tensors(seqs, vocab: int, device, reuse: SamplingTensors | No
             any_min_p=any(p.min_p > 0 for p in params),
             any_greedy=any(p.temperature == 0 for p in params),
             max_top_k=max(p.top_k for p in params),
+            all_top_k=all(p.top_k > 0 for p in params),
         )
     f32 = dict(dtype=torch.float32, device=device)
     if any(p.repetition_penalty != 1.0 for p in params):

@@ -1,5 +1,7 @@
 """The batched sampler: filters, exact sampling distribution, seeds independent of the batch."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
@@ -139,3 +141,31 @@ def test_invalid_params_raise():
     for bad in (dict(temperature=-1), dict(top_p=0), dict(max_tokens=0), dict(min_tokens=5, max_tokens=2), dict(repetition_penalty=0)):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
+
+
+@pytest.mark.parametrize(
+    "row_params",
+    [
+        [dict(top_k=50)] * 3,
+        [dict(top_k=50, top_p=0.8), dict(top_k=20, top_p=0.5), dict(top_k=50, top_p=1.0)],
+        [dict(top_k=30, min_p=0.05, temperature=0.7), dict(top_k=50, temperature=0), dict(top_k=5, top_p=0.9, temperature=1.3)],
+    ],
+)
+def test_drawing_among_the_top_k_draws_what_the_whole_vocabulary_does(row_params):
+    """Every row with a top_k takes the candidates path; the same seeds draw the same tokens as
+    the whole-vocabulary path over hundreds of draws."""
+    vocab, draws = 2048, 256
+    logits = torch.randn(draws * len(row_params), vocab, generator=torch.Generator().manual_seed(5)) * 3
+    seqs = [Sequence(f"s{i}", [1], SamplingParams(**{"temperature": 1.0, **row_params[i % len(row_params)], "seed": i})) for i in range(logits.shape[0])]
+    candidates = build_sampling_tensors(seqs, vocab, "cpu")
+    assert candidates.all_top_k
+    whole = replace(candidates, all_top_k=False)
+    drawn = Sampler()(logits.clone(), candidates)
+    assert torch.equal(drawn, Sampler()(logits.clone(), whole))
+    # the draws are spread over the candidates, not stuck on the most likely one
+    assert (drawn != logits.argmax(-1)).float().mean() > 0.3
+
+
+def test_a_row_without_top_k_keeps_the_whole_vocabulary_path():
+    seqs = [Sequence("a", [1], SamplingParams(temperature=1.0, top_k=50, seed=1)), Sequence("b", [1], SamplingParams(temperature=1.0, seed=2))]
+    assert not build_sampling_tensors(seqs, 2048, "cpu").all_top_k
