@@ -1,6 +1,7 @@
 """The code predictor at real sizes (random bf16 weights): the residual codes of one frame for a
 batch (15 codebooks, 5 layers each), sampled and greedy, launched kernel by kernel and replayed as
-one CUDA graph.
+one CUDA graph; each on torch ops or the core's fused kernels (``fused``), and drawing its codes
+among the top-k candidates or over the whole codebook (``candidates``).
 
     python benchmarks/qwen3_omni_speech_profile.py
 """
@@ -12,6 +13,8 @@ import json
 import time
 
 import torch
+from omni_core.scheduler import sampler
+from omni_qwen3_omni.predictor_graphs import PredictorGraphs
 from qwen3_omni_speech_gpu import build, sync
 
 
@@ -35,18 +38,28 @@ def main() -> None:
     dtype = torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32
     worker, engine, _, _ = build(args, args.device, dtype)
     hidden = worker.model.hidden_size
+    cuda = torch.device(args.device).type == "cuda"
+    variants = [(fused, candidates) for fused in ((False, True) if worker.fused_predictor else (False,)) for candidates in (False, True)]
+    whole_vocabulary, candidates_fraction = 1 << 40, sampler.TOP_K_FRACTION
     for batch in args.batches:
         h = torch.randn(batch, hidden, device=args.device, dtype=dtype)
         code0 = torch.randint(0, 2048, (batch,), device=args.device)
         seeds, frames = torch.arange(batch, device=args.device), torch.ones(batch, dtype=torch.int64, device=args.device)
-        row = {"batch": batch}
-        for mode, run in (("eager", worker._predict_rows), ("graph", worker.predictor_graphs)):
-            if run is None:
-                continue
-            for greedy in (False, True):
-                name = f"{mode}_{'greedy' if greedy else 'sampled'}_ms"
-                row[name] = round(timed(lambda run=run, greedy=greedy, inputs=(h, code0, seeds, frames): run(*inputs, greedy), args.device), 2)
-        print(json.dumps(row), flush=True)
+        for fused, candidates in variants:
+            worker.fused_predictor = fused
+            sampler.TOP_K_FRACTION = candidates_fraction if candidates else whole_vocabulary
+            row = {"batch": batch, "fused": fused, "candidates": candidates}
+            graphs = PredictorGraphs(worker._predict_rows) if cuda else None  # captured with this variant's code
+            for mode, run in (("eager", worker._predict_rows), ("graph", graphs)):
+                if run is None:
+                    continue
+                for greedy in (False, True):
+                    if greedy and candidates:
+                        continue  # greedy draws nothing
+                    name = f"{mode}_{'greedy' if greedy else 'sampled'}_ms"
+                    row[name] = round(timed(lambda run=run, greedy=greedy, inputs=(h, code0, seeds, frames): run(*inputs, greedy), args.device), 2)
+            print(json.dumps(row), flush=True)
+
 
 if __name__ == "__main__":
     main()

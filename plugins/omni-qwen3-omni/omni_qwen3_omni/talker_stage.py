@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from omni_core.models import kernels
 from omni_core.platforms import platform_for
 from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
@@ -127,7 +128,8 @@ class TalkerWorker(ARStageWorker):
         self.sampler = Sampler()
         self.states: dict[str, Speaking] = {}
         model.suppress(speech.suppressed())
-        # on CUDA the code predictor replays a graph per batch size (predictor_graphs)
+        # on CUDA the code predictor runs the core's fused kernels and replays a graph per batch size (predictor_graphs)
+        self.fused_predictor = self.device.type == "cuda" and kernels.triton_available()
         graphs = platform_for(self.device).supports_graphs and engine_config.cuda_graphs
         self.predictor_graphs = PredictorGraphs(self._predict_rows) if graphs else None
         if self.predictor_graphs is not None:
@@ -216,7 +218,7 @@ class TalkerWorker(ARStageWorker):
     def _predict_rows(self, hidden: torch.Tensor, code0: torch.Tensor, seeds: torch.Tensor, frames: torch.Tensor, greedy: bool):
         """``predict`` from device tensors only (no host work: it runs inside a CUDA graph)."""
         if greedy:
-            return self.predictor(hidden, self.model.embed(code0))
+            return self.predictor(hidden, self.model.embed(code0), fused=self.fused_predictor)
         s = self.sampling
         n = hidden.shape[0]
         groups = self.speech.num_code_groups
@@ -225,7 +227,7 @@ class TalkerWorker(ARStageWorker):
             temperature=torch.ones(n, **f32), top_k=torch.full((n,), s.predictor_top_k, dtype=torch.int64, device=hidden.device),
             top_p=torch.full((n,), s.predictor_top_p, **f32), min_p=None, seeds=seeds, steps=None,
             all_greedy=False, any_top_k=s.predictor_top_k > 0, any_top_p=s.predictor_top_p < 1, any_min_p=False,
-            max_top_k=s.predictor_top_k,
+            max_top_k=s.predictor_top_k, all_top_k=s.predictor_top_k > 0,
         )
 
         def choose(logits: torch.Tensor, group: int) -> torch.Tensor:
@@ -233,7 +235,7 @@ class TalkerWorker(ARStageWorker):
             tensors.steps = frames * groups + group + (1 << 20)
             return self.sampler(logits, tensors)
 
-        return self.predictor(hidden, self.model.embed(code0), choose)
+        return self.predictor(hidden, self.model.embed(code0), choose, fused=self.fused_predictor)
 
     # -- output --------------------------------------------------------------------------------
 
