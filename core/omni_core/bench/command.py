@@ -70,7 +70,9 @@ def bench() -> None:
 @click.option("--detailed", is_flag=True, help="Add each request's numbers to the JSON (under levels[].requests).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Write the results as JSON to this file ('-' for stdout).")
-def serve(json_out: str | None, **options) -> None:
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
+              help="Also write an HTML report with plots to this file (needs matplotlib).")
+def serve(json_out: str | None, plot_out: str | None, **options) -> None:
     """Load-test a speech, transcription or chat endpoint of any OpenAI-compatible server."""
     from omni_core.bench.report import RichReporter, results_table
     from omni_core.bench.runner import BenchConfig, BenchError, run_benchmark
@@ -81,11 +83,12 @@ def serve(json_out: str | None, **options) -> None:
     # With the JSON on stdout, the table and progress go to stderr so the JSON stays parseable.
     console = Console(stderr=json_out == "-")
     config = BenchConfig(base_url=base_url, concurrencies=options.pop("concurrency"), **options)
-    if json_out and json_out != "-":  # found now, not after the whole run
-        folder = os.path.dirname(os.path.abspath(json_out))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            click.echo(f"omni bench: --json {json_out}: cannot write into {folder}", err=True)
-            sys.exit(2)
+    # Found now, not after the whole run.
+    if json_out and json_out != "-":
+        _refuse_unwritable("--json", json_out)
+    if plot_out:
+        _refuse_unwritable("--plot", plot_out)
+        _refuse_without_matplotlib("--plot")
     try:
         result = run_benchmark(config, RichReporter(console))
     except (BenchError, DatasetError) as exc:
@@ -103,3 +106,71 @@ def serve(json_out: str | None, **options) -> None:
             json.dump(result, handle, indent=2)
         os.replace(tmp, json_out)
         console.print(f"results written to {json_out}")
+    if plot_out:
+        from omni_core.bench import html_report
+
+        mode = "stream" if config.stream else "no stream"
+        html_report.write(plot_out, [(f"{config.endpoint} ({mode})", result)])
+        console.print(f"report written to {plot_out}")
+
+
+@bench.command("plot")
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The HTML report to write.")
+def plot(results: tuple[str, ...], output: str) -> None:
+    """Plot one or more `omni bench serve --json` results in one HTML report, runs side by side."""
+    from omni_core.bench import html_report
+
+    _refuse_unwritable("--output", output)
+    _refuse_without_matplotlib("omni bench plot")
+    runs = [(label, _load_result(path)) for label, path in zip(_labels(results), results, strict=True)]
+    html_report.write(output, runs)
+    click.echo(f"report of {len(runs)} run{'s' if len(runs) > 1 else ''} written to {output}")
+
+
+def _refuse_unwritable(option: str, path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        click.echo(f"omni bench: {option} {path}: cannot write into {folder}", err=True)
+        sys.exit(2)
+
+
+def _refuse_without_matplotlib(what: str) -> None:
+    from omni_core.bench.plots import PlotUnavailable, require_matplotlib
+
+    try:
+        require_matplotlib()
+    except PlotUnavailable as exc:
+        click.echo(f"omni bench: {what}: {exc}", err=True)
+        sys.exit(2)
+
+
+def _load_result(path: str) -> dict:
+    """A result written by ``--json``; anything else is refused in one line."""
+    from omni_core.bench.summary import LevelSummary
+
+    level_keys = LevelSummary.__dataclass_fields__.keys()  # the table and the plots read them all
+    try:
+        with open(path, encoding="utf-8") as handle:
+            result = json.load(handle)
+        if not (isinstance(result, dict) and isinstance(result.get("config"), dict) and isinstance(result.get("levels"), list)):
+            raise ValueError("it has no config and levels")
+        missing = {"model"} - result.keys() or {"endpoint", "stream", "base_url"} - result["config"].keys()
+        if missing:
+            raise ValueError(f"it lacks {', '.join(sorted(missing))}")
+        for level in result["levels"]:
+            missing = level_keys - level.keys() if isinstance(level, dict) else level_keys
+            if missing:
+                raise ValueError(f"a level lacks {', '.join(sorted(missing))}")
+    except (OSError, ValueError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        click.echo(f"omni bench plot: {path} is not a result of `omni bench serve --json` ({reason})", err=True)
+        sys.exit(2)
+    return result
+
+
+def _labels(paths: tuple[str, ...]) -> list[str]:
+    """Each run is named by its file name without .json; by its path where two names are alike."""
+    stems = [os.path.splitext(os.path.basename(path))[0] for path in paths]
+    return [stem if stems.count(stem) == 1 else path for stem, path in zip(stems, paths, strict=True)]

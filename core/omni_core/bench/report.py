@@ -1,4 +1,5 @@
-"""The terminal side of a run: a progress bar per level, then one table of every level."""
+"""The terminal side of a run: a progress bar per level, then one table of every level (whose rows
+the HTML report shows too)."""
 
 from __future__ import annotations
 
@@ -53,21 +54,34 @@ def _triple(values: dict, digits: int = 1) -> str:
     return " / ".join(_fmt(values.get(k), digits) for k in ("p50", "p95", "p99"))
 
 
-def results_table(result: dict) -> Table:
-    """Rows are metrics and columns are concurrency levels, so three levels fit any terminal."""
+def level_label(level: dict) -> str:
+    """``c=8``, or ``c=8 @ 4/s`` for an open loop: a level's column heading."""
+    rate = f" @ {level['request_rate']:g}/s" if level["request_rate"] else ""
+    return f"c={level['concurrency']}{rate}"
+
+
+def speaks(result: dict) -> bool:
+    """Whether the run measured audio coming out (speech, audio chat) rather than text."""
     config = result["config"]
-    speaks = config["endpoint"] == "speech" or config.get("chat_audio")
-    first_output = "first audio" if speaks else "first token"
+    return config["endpoint"] == "speech" or bool(config.get("chat_audio"))
+
+
+def run_title(result: dict) -> str:
+    config = result["config"]
     mode = "stream" if config["stream"] else "no stream"
-    table = Table(title=f"omni bench: {config['endpoint']} ({mode}) on {config['base_url']}, model {result['model']}")
-    table.add_column("metric", style="bold")
+    return f"omni bench: {config['endpoint']} ({mode}) on {config['base_url']}, model {result['model']}"
+
+
+def table_rows(result: dict) -> list[tuple[str, list[str]]]:
+    """The numbers of every level as (metric, one cell per level): the terminal table and the HTML
+    report show the same rows."""
+    config = result["config"]
+    first_output = "first audio" if speaks(result) else "first token"
     levels = result["levels"]
-    for level in levels:
-        rate = f" @ {level['request_rate']:g}/s" if level["request_rate"] else ""
-        table.add_column(f"c={level['concurrency']}{rate}", justify="right")
+    rows: list[tuple[str, list[str]]] = []
 
     def row(label: str, render) -> None:
-        table.add_row(label, *(render(level) for level in levels))
+        rows.append((label, [render(level) for level in levels]))
 
     row("requests ok / sent", lambda lv: f"{lv['completed']} / {lv['num_requests']}")
     row("duration (s)", lambda lv: _fmt(lv["duration_s"], 2))
@@ -89,4 +103,15 @@ def results_table(result: dict) -> Table:
     if any(lv["wer"] is not None for lv in levels):
         row("word error rate", lambda lv: "-" if lv["wer"] is None else f"{lv['wer']:.1%}")
     row("errors by status", lambda lv: ", ".join(f"{k}: {v}" for k, v in lv["errors"].items()) or "none")
+    return rows
+
+
+def results_table(result: dict) -> Table:
+    """Rows are metrics and columns are concurrency levels, so three levels fit any terminal."""
+    table = Table(title=run_title(result))
+    table.add_column("metric", style="bold")
+    for level in result["levels"]:
+        table.add_column(level_label(level), justify="right")
+    for label, cells in table_rows(result):
+        table.add_row(label, *cells)
     return table
