@@ -1,0 +1,204 @@
+"""The ``dual_ar`` stage: the slow AR on the core AR engine, the fast AR inside its steps; one
+frame of codes out per step.
+
+Each engine step, for the whole batch at once:
+
+- ``before_decode``: a row's input is its last semantic token's embedding plus its frame's code
+  embeddings, scaled (``SlowAR.frame_embeds``);
+- ``post_prefill`` / ``post_decode``: the fast AR fills codes 1.. of the frame whose semantic
+  token was just sampled, from the slow AR's last hidden state, and the step's frames go to the
+  host in one copy (``step_outputs["codes"]``).
+
+A request ends on ``<|im_end|>`` (its frame is not voiced) or at its length limit. When a
+preempted request is recomputed, ``before_prefill`` gives its generated rows the same inputs
+their decode steps had.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from omni_core.hooks import InvalidInput
+from omni_core.scheduler.ar_stage import ARStageWorker
+from omni_core.scheduler.engine import EngineConfig, EngineRequest
+from omni_core.scheduler.executor import Message
+from omni_core.scheduler.hooks import ARHooks, StepBatch
+from omni_core.scheduler.host_copy import to_device, to_host_later
+from omni_core.scheduler.sampler import Sampler, SamplingTensors
+from omni_core.scheduler.sampling_params import SamplingParams
+
+from .config import TokenIds
+from .fast_ar import FastAR
+from .slow_ar import SlowAR
+
+# the reference server's defaults; its fast AR samples with the slow AR's settings, as here
+DEFAULT_SAMPLING = {"temperature": 0.8, "top_p": 0.8, "top_k": 30, "repetition_penalty": 1.0}
+SAMPLING_KEYS = set(DEFAULT_SAMPLING)
+FAST_DRAWS = 1 << 20  # the fast AR's draws use steps past any slow AR's, so no two draws share a uniform
+
+
+@dataclass
+class Speaking:
+    """One request's state, shared by the worker and the hooks (``extras["fish"]``)."""
+
+    prompt_len: int
+    seed: int
+    params: SamplingParams
+    frames: list[torch.Tensor] = field(default_factory=list)  # per generated step: its codes [num_codebooks]
+
+
+class DualARHooks(ARHooks):
+    def __init__(self, worker: DualARWorker):
+        self.w = worker
+
+    def before_prefill(self, batch: StepBatch) -> None:
+        """A recomputed request's generated rows get the frame inputs their decode steps had."""
+        offset = 0
+        for extras, n in zip(batch.extras, batch.query_lens, strict=True):
+            state: Speaking = extras["fish"]
+            start = int(batch.positions[offset])
+            first = max(start, state.prompt_len)
+            if state.frames and first < start + n:
+                rows = slice(offset + first - start, offset + n)
+                steps = range(first - state.prompt_len, start + n - state.prompt_len)
+                codes = torch.stack([state.frames[k] for k in steps])
+                batch.input_embeds = batch.input_embeds.clone()
+                batch.input_embeds[rows] = self.w.slow.frame_embeds(batch.input_embeds[rows], codes)
+            offset += n
+
+    def before_decode(self, batch: StepBatch) -> None:
+        states: list[Speaking] = [extras["fish"] for extras in batch.extras]
+        codes = torch.stack([s.frames[n - 1] for s, n in zip(states, batch.num_output_tokens, strict=True)])
+        batch.input_embeds = self.w.slow.frame_embeds(batch.input_embeds, codes)
+
+    def post_prefill(self, batch, hidden, logits, token_ids):
+        self._fill(batch, hidden, token_ids)
+
+    def post_decode(self, batch, hidden, logits, token_ids):
+        self._fill(batch, hidden, token_ids)
+
+    def _fill(self, batch: StepBatch, hidden: torch.Tensor, token_ids: torch.Tensor) -> None:
+        states: list[Speaking] = [batch.extras[b]["fish"] for b in batch.sample_index]
+        codes = self.w.fill_frames(hidden, token_ids, states, batch.num_output_tokens)
+        for state, row in zip(states, codes, strict=True):
+            state.frames.append(row)
+        batch.step_outputs["codes"] = to_host_later(codes)  # one copy for the step, queued before its tokens
+
+
+class DualARWorker(ARStageWorker):
+    """Input: ``prompt`` ({"token_ids", "frames" [num_codebooks, n], "seed", "sampling"}).
+    Output: ``codes`` ({"codes": [frames, num_codebooks]}), one frame a step."""
+
+    def __init__(
+        self,
+        slow: SlowAR,
+        fast: FastAR,
+        ids: TokenIds,
+        engine_config: EngineConfig,
+        max_new_tokens: int = 1024,
+        sampling: dict | None = None,
+    ):
+        super().__init__(slow, engine_config=engine_config)
+        self.hooks = DualARHooks(self)
+        self.slow, self.fast, self.ids = slow, fast, ids
+        self.max_new_tokens = max_new_tokens
+        self.defaults = {**DEFAULT_SAMPLING, **(sampling or {})}
+        self.device = next(slow.parameters()).device
+        self.num_codebooks = slow.num_codebooks
+        self.sampler = Sampler()
+
+    def make_request(self, message: Message) -> EngineRequest:
+        p = message.payload
+        ids = torch.as_tensor(p["token_ids"], dtype=torch.int64)
+        frames = torch.as_tensor(p["frames"], dtype=torch.int64).reshape(self.num_codebooks, -1)
+        limit = self.max_model_len or self.slow.config.max_position_embeddings
+        if ids.numel() >= limit:
+            raise InvalidInput(
+                f"the prompt is {ids.numel()} tokens; the model holds {limit} with the reply", "input"
+            )
+        is_frame = (ids >= self.ids.semantic_begin) & (ids <= self.ids.semantic_end)
+        if int(is_frame.sum()) != frames.shape[1]:
+            raise InvalidInput(
+                f"the prompt has {int(is_frame.sum())} semantic tokens but {frames.shape[1]} frames of codes"
+            )
+        codes = torch.zeros(ids.numel(), self.num_codebooks, dtype=torch.int64)
+        codes[is_frame] = frames.T
+        embeds = self.slow.prompt_embeds(
+            to_device(ids, self.device), to_device(codes, self.device), to_device(is_frame, self.device)
+        )
+        seed = p.get("seed")
+        seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF if seed is None else int(seed) % (1 << 31)
+        params = self._params(p.get("sampling") or {}, seed, limit - ids.numel())
+        state = Speaking(prompt_len=ids.numel(), seed=seed, params=params)
+        return EngineRequest(message.request_id, prompt_embeds=embeds, params=params, extras={"fish": state})
+
+    def _params(self, requested: dict, seed: int, room: int) -> SamplingParams:
+        unknown = set(requested) - SAMPLING_KEYS
+        if unknown:
+            raise InvalidInput(f"unknown sampling options {sorted(unknown)}; known: {sorted(SAMPLING_KEYS)}")
+        values = {**self.defaults, **{k: v for k, v in requested.items() if v is not None}}
+        try:
+            return SamplingParams(
+                **values,
+                max_tokens=min(self.max_new_tokens, room),
+                stop_token_ids=[self.ids.im_end],
+                seed=seed,
+            )
+        except (TypeError, ValueError) as e:
+            raise InvalidInput(str(e)) from e
+
+    @torch.inference_mode()
+    def fill_frames(
+        self, hidden: torch.Tensor, token_ids: torch.Tensor, states: list[Speaking], done: list[int]
+    ) -> torch.Tensor:
+        """Each row's frame [N, num_codebooks]: its semantic code, then the fast AR's codes."""
+        code0 = (token_ids - self.ids.semantic_begin).clamp(0, self.fast.embeddings.num_embeddings - 1)
+        return self.fast(hidden, code0, self._chooser(states, done))
+
+    def _chooser(self, states: list[Speaking], done: list[int]):
+        """How the fast AR picks its codes: each row with its request's temperature, top-p and
+        top-k, drawn from its own seed (None: every row greedy)."""
+        params = [s.params for s in states]
+        if all(p.temperature == 0 for p in params):
+            return None
+        rows = torch.tensor([[s.seed for s in states], done, [p.top_k for p in params]], dtype=torch.int64)
+        seeds, frames, top_k = to_device(rows, self.device)
+        floats = to_device(
+            torch.tensor([[p.temperature for p in params], [p.top_p for p in params]], dtype=torch.float32),
+            self.device,
+        )
+        tensors = SamplingTensors(
+            temperature=floats[0],
+            top_k=top_k,
+            top_p=floats[1],
+            min_p=None,
+            seeds=seeds,
+            steps=None,
+            all_greedy=False,
+            any_top_k=any(p.top_k > 0 for p in params),
+            any_top_p=any(p.top_p < 1 for p in params),
+            any_min_p=False,
+            any_greedy=any(p.temperature == 0 for p in params),
+            max_top_k=max(p.top_k for p in params),
+            all_top_k=all(p.top_k > 0 for p in params),
+        )
+
+        def choose(logits: torch.Tensor, codebook: int) -> torch.Tensor:
+            tensors.steps = frames * self.num_codebooks + codebook + FAST_DRAWS
+            return self.sampler(logits, tensors)
+
+        return choose
+
+    def on_output(self, request_id, new_token_ids, finished, step_outputs, emit) -> bool:
+        voiced = bool(new_token_ids) and new_token_ids[-1] != self.ids.im_end
+        if voiced:
+            emit(
+                "codes",
+                {"codes": step_outputs["codes"].to(torch.int64).reshape(1, self.num_codebooks)},
+                end=finished,
+            )
+        elif finished:
+            emit("codes", {"codes": torch.zeros(0, self.num_codebooks, dtype=torch.int64)}, end=True)
+        return False

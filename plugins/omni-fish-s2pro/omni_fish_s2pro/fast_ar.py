@@ -1,0 +1,123 @@
+"""The fast AR (``audio_decoder.*``): after each slow step, the residual codes of its frame.
+
+A small decoder of ``num_codebooks`` positions: position 0 is the slow AR's last hidden state
+(after its final norm, projected when the widths differ), position 1 the embedding of the
+frame's semantic code (code 0), and each later position the embedding of the code just chosen;
+the logits at position ``i`` choose code ``i``. Every request of a slow step runs together in
+lock step, so its cache is one contiguous tensor per call (no paging). Module names are the
+checkpoint's, under ``audio_decoder.``; q and k rows are in the halves order (``rotary_pairs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from omni_core.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from torch import nn
+
+from .config import FishConfig, TransformerSizes
+
+
+class FastAttention(nn.Module):
+    def __init__(self, s: TransformerSizes, eps: float):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = s.n_head, s.n_local_heads, s.head_dim
+        self.splits = [s.n_head * s.head_dim, s.n_local_heads * s.head_dim, s.n_local_heads * s.head_dim]
+        self.wqkv = nn.Linear(s.dim, sum(self.splits), bias=s.qkv_bias)
+        self.wo = nn.Linear(s.n_head * s.head_dim, s.dim, bias=False)
+        if s.qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(s.head_dim, eps), RMSNorm(s.head_dim, eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self, x: torch.Tensor, rope, cache: tuple[torch.Tensor, torch.Tensor], start: int
+    ) -> torch.Tensor:
+        """x [B, n, D]: positions ``start .. start + n`` of each row; ``cache`` (k, v) [B, positions, kv_heads, d]."""
+        b, n, _ = x.shape
+        q, k, v = self.wqkv(x).split(self.splits, dim=-1)
+        q = q.reshape(b * n, self.heads, self.head_dim)
+        k = k.reshape(b * n, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, k, rope)
+        k_cache, v_cache = cache
+        k_cache[:, start : start + n] = k.reshape(b, n, self.kv_heads, self.head_dim)
+        v_cache[:, start : start + n] = v.reshape(b, n, self.kv_heads, self.head_dim)
+        seen = start + n
+        out = F.scaled_dot_product_attention(
+            q.reshape(b, n, self.heads, self.head_dim).transpose(1, 2),
+            k_cache[:, :seen].transpose(1, 2),
+            v_cache[:, :seen].transpose(1, 2),
+            is_causal=n > 1,
+            enable_gqa=self.heads != self.kv_heads,
+        )
+        return self.wo(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class FastLayer(nn.Module):
+    def __init__(self, s: TransformerSizes, eps: float):
+        super().__init__()
+        self.attention = FastAttention(s, eps)
+        self.feed_forward = FeedForward(s.dim, s.intermediate_size)
+        self.attention_norm = RMSNorm(s.dim, eps)
+        self.ffn_norm = RMSNorm(s.dim, eps)
+
+    def forward(self, x, rope, cache, start: int):
+        h = x + self.attention(self.attention_norm(x), rope, cache, start)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class FastAR(nn.Module):
+    def __init__(self, cfg: FishConfig):
+        super().__init__()
+        s = cfg.fast
+        self.num_codebooks = cfg.num_codebooks
+        self.kv_heads, self.head_dim = s.n_local_heads, s.head_dim
+        self.project_in = nn.Linear(cfg.slow.dim, s.dim) if s.dim != cfg.slow.dim else nn.Identity()
+        self.embeddings = nn.Embedding(cfg.codebook_size, s.dim)
+        self.layers = nn.ModuleList(FastLayer(s, cfg.norm_eps) for _ in range(s.n_layer))
+        self.norm = RMSNorm(s.dim, cfg.norm_eps)
+        self.output = nn.Linear(s.dim, cfg.codebook_size, bias=False)
+        self.rotary = RotaryEmbedding(s.head_dim, cfg.num_codebooks, cfg.rope_base)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        slow_hidden: torch.Tensor,
+        code0: torch.Tensor,
+        choose: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``slow_hidden`` [B, H] and the semantic codes ``code0`` [B] -> the frames' codes
+        [B, num_codebooks] (code 0 first). ``choose(logits [B, V], codebook)`` picks each code
+        (default: the most likely)."""
+        choose = choose or (lambda logits, codebook: logits.argmax(-1))
+        b = slow_hidden.shape[0]
+        x = torch.stack([self.project_in(slow_hidden), self.embeddings(code0).to(slow_hidden.dtype)], dim=1)
+        shape = (b, self.num_codebooks, self.kv_heads, self.head_dim)
+        caches = [(x.new_empty(shape), x.new_empty(shape)) for _ in self.layers]
+        codes, start = [code0], 0
+        for codebook in range(1, self.num_codebooks):
+            n = x.shape[1]
+            positions = torch.arange(start, start + n, device=x.device).repeat(b)
+            rope = self.rotary.table(positions, x.dtype)
+            for layer, cache in zip(self.layers, caches, strict=True):
+                x = layer(x, rope, cache, start)
+            code = choose(self.output(self.norm(x[:, -1])), codebook)
+            codes.append(code)
+            start += n
+            x = self.embeddings(code)[:, None].to(slow_hidden.dtype)
+        return torch.stack(codes, dim=1)

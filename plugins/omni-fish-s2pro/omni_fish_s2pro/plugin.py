@@ -1,0 +1,46 @@
+"""Registers the ``fish-s2pro`` family (Fish Audio S2-Pro: dual-AR text to speech with zero-shot
+voice cloning) with omni."""
+
+from __future__ import annotations
+
+from omni_core.hooks import FamilySpec, Voice, hookimpl
+
+from .options import OPTIONS
+from .reference import REFERENCE_LIMITS
+
+# Model code (torch, tokenizers) loads on first use, not when `omni plugins list` loads plugins.
+
+
+def build(checkpoint_dir: str, options: dict):
+    from .topology import build as build_topology
+
+    return build_topology(checkpoint_dir, options)
+
+
+def write_tiny(directory: str) -> str:
+    from .presets import write_tiny as write
+
+    return write(directory)
+
+
+def voices(checkpoint_dir: str) -> list[Voice]:
+    """One: the model's own voice (S2-Pro has no named speakers; any other voice is cloned)."""
+    return [Voice(id="default", name="default", description="the model's own voice (no reference)")]
+
+
+@hookimpl
+def omni_families():
+    return [
+        FamilySpec(
+            name="fish-s2pro",
+            tasks=("speech",),
+            build=build,
+            default_checkpoint="fishaudio/s2-pro",
+            presets={"tiny": write_tiny},
+            sample_rate=44100,
+            voices=voices,
+            description="Fish Audio S2-Pro TTS: dual-AR (slow + fast AR) with zero-shot voice cloning, 44.1 kHz",
+            options=OPTIONS,
+            reference_limits=REFERENCE_LIMITS,
+        )
+    ]
