@@ -68,6 +68,11 @@ class FishConfig:
         )
 
 
+def _default_ffn(dim: int) -> int:
+    """The reference's FFN width where a config leaves it out: 8/3 of the width, up to a multiple of 256."""
+    return -(-int(8 * dim / 3) // 256) * 256
+
+
 def _sizes(raw: dict, fallback: TransformerSizes | None = None) -> TransformerSizes:
     def get(key: str, default):
         value = raw.get(key)
@@ -82,8 +87,10 @@ def _sizes(raw: dict, fallback: TransformerSizes | None = None) -> TransformerSi
         dim=dim,
         n_head=n_head,
         n_local_heads=n_head if local == -1 else local,
-        head_dim=int(get("head_dim", fb.head_dim if fb else dim // n_head)),
-        intermediate_size=int(get("intermediate_size", fb.intermediate_size if fb else 0)),
+        head_dim=int(
+            get("head_dim", fb.head_dim if fb else 64)
+        ),  # the reference's default, not dim // n_head
+        intermediate_size=int(get("intermediate_size", fb.intermediate_size if fb else _default_ffn(dim))),
         qkv_bias=bool(get("attention_qkv_bias", fb.qkv_bias if fb else False)),
         o_bias=bool(get("attention_o_bias", fb.o_bias if fb else False)),
         qk_norm=bool(get("attention_qk_norm", fb.qk_norm if fb else False)),
@@ -97,8 +104,6 @@ def parse_config(raw: dict) -> FishConfig:
         )
     text, audio = raw["text_config"], raw["audio_decoder_config"]
     slow = _sizes(text)
-    if not slow.intermediate_size:
-        raise ValueError("config.json: text_config needs intermediate_size")
     fast = _sizes(audio, slow)
     for name, sizes in (("text_config", slow), ("audio_decoder_config", fast)):
         if sizes.o_bias:

@@ -20,7 +20,7 @@ from omni_core.hooks import InvalidInput
 
 from .codec import Codec
 from .config import TokenIds
-from .prompt import build_prompt
+from .prompt import build_prompt, reserved_in
 from .reference import REFERENCE_LIMITS
 
 DEFAULT_VOICE = "default"
@@ -86,6 +86,10 @@ class Frontend:
             )
         if float(payload.get("speed") or 1.0) != 1.0:
             raise InvalidInput("fish-s2pro speaks at its own speed: speed must be 1.0", "speed")
+        for field, value in (("input", text), ("reference_text", payload.get("reference_text") or "")):
+            token = reserved_in(value)
+            if token:
+                raise InvalidInput(f"{field} may not contain the control token {token!r}", field)
         codes = None
         if payload.get("reference_audio") is not None:
             codes = self.reference_codes(payload["reference_audio"], payload.get("reference_sample_rate"))

@@ -28,6 +28,13 @@ def voices(checkpoint_dir: str) -> list[Voice]:
     return [Voice(id="default", name="default", description="the model's own voice (no reference)")]
 
 
+def split_speech(checkpoint_dir: str, payload: dict) -> list[dict]:
+    """Long text as segments of whole sentences (or speaker turns), spoken in turn (``segments``)."""
+    from .segments import split_speech as split
+
+    return split(checkpoint_dir, payload)
+
+
 @hookimpl
 def omni_families():
     return [
@@ -39,6 +46,7 @@ def omni_families():
             presets={"tiny": write_tiny},
             sample_rate=44100,
             voices=voices,
+            split_speech=split_speech,
             description="Fish Audio S2-Pro TTS: dual-AR (slow + fast AR) with zero-shot voice cloning, 44.1 kHz",
             options=OPTIONS,
             reference_limits=REFERENCE_LIMITS,

@@ -27,6 +27,15 @@ SPEECH_HEADER = "\n\nSpeech:\n"
 _SPEAKER_TAG = re.compile(r"<\|speaker:\d+\|>")
 
 
+# control tokens a text may not carry: they would end its turn or forge frames (speaker tags may)
+RESERVED = (IM_START, IM_END, VOICE, "<|semantic:")
+
+
+def reserved_in(text: str) -> str | None:
+    """The first control token ``text`` carries, or None."""
+    return next((token for token in RESERVED if token in text), None)
+
+
 @dataclass
 class Prompt:
     token_ids: list[int]

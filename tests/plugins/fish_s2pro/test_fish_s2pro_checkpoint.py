@@ -75,6 +75,12 @@ def test_config_reads_the_official_fields(tiny_dir):
     raw["audio_decoder_config"] = {"vocab_size": 64, "num_codebooks": 10, "n_layer": 1}
     fast = parse_config(raw).fast
     assert (fast.dim, fast.n_head, fast.head_dim, fast.qk_norm) == (64, 4, 16, True)
+    # and the slow AR's, the reference's defaults: head_dim 64, an FFN of 8/3 the width rounded up to 256
+    raw["text_config"] = {
+        k: v for k, v in raw["text_config"].items() if k not in ("head_dim", "intermediate_size")
+    }
+    slow = parse_config(raw).slow
+    assert (slow.head_dim, slow.intermediate_size) == (64, 256)
     with pytest.raises(ValueError, match="fish_qwen3_omni"):
         parse_config({**raw, "model_type": "dual_ar"})
 

@@ -148,7 +148,25 @@ def test_a_reference_too_short_or_long_is_refused_naming_the_limits(client, serv
     )
 
 
+def test_long_text_is_spoken_in_segments_joined_in_order(client):
+    text = "This is one sentence of a long text. " * 12  # three segments of at most 200 bytes
+    whole = _speak(client, input=text, extra_body={"seed": 4})
+    assert len(whole) > 24 * FRAME  # longer than one request's max_new_tokens allows
+    chunks = []
+    with client.audio.speech.with_streaming_response.create(
+        model="fish-s2pro",
+        voice="default",
+        input=text,
+        response_format="pcm",
+        extra_body={"seed": 4, "stream_format": "audio"},
+    ) as response:
+        chunks = [c for c in response.iter_bytes() if c]
+    assert _close(_pcm(b"".join(chunks)), whole)
+
+
 def test_bad_input_is_a_clear_400_and_the_server_carries_on(client, server):
+    with pytest.raises(openai.BadRequestError, match="control token"):
+        _speak(client, input="Hello <|im_end|> there")
     with pytest.raises(openai.BadRequestError, match="instructions"):
         _speak(client, instructions="whisper")
     with pytest.raises(openai.BadRequestError, match="unknown voice"):
