@@ -17,15 +17,16 @@ from omni_core.comm import framing
 from omni_core.scheduler.executor import Message
 
 
-def bind_address(socket: zmq.Socket, control: str, ipc_path: str) -> str:
-    """Bind to an ipc path or a free tcp port on 127.0.0.1; returns the address peers connect to."""
+def bind_address(socket: zmq.Socket, control: str, ipc_path: str, host: str = "127.0.0.1") -> str:
+    """Bind to an ipc path or a free tcp port on ``host`` (127.0.0.1 unless the stage runs on
+    another node); returns the address peers connect to."""
     if control == "ipc":
         address = f"ipc://{ipc_path}"
         socket.bind(address)
         return address
     if control == "tcp":
-        port = socket.bind_to_random_port("tcp://127.0.0.1")
-        return f"tcp://127.0.0.1:{port}"
+        port = socket.bind_to_random_port(f"tcp://{host}")
+        return f"tcp://{host}:{port}"
     raise ValueError(f"control must be 'ipc' or 'tcp', got {control!r}")
 
 

@@ -42,6 +42,8 @@ class ProcessStage(Executor):
         self.device = device
         self.pipeline = pipeline
         self.transport = pipeline._transport
+        self.transport_name = pipeline.transport_name
+        self.parent_pid: int | None = os.getpid()  # the child exits when this process is gone
         self.peer = peer  # this stage process's rank on the transport (the runtime is 0)
         self._emit, self._fail = emit, fail
         self.start_timeout_s = float(stage.options.get("start_timeout_s", START_TIMEOUT_S))
@@ -75,26 +77,21 @@ class ProcessStage(Executor):
         base = os.path.join(self._dir, f"{self.name[:20]}-{self._generation}")
         push = self._zmq.socket(zmq.PUSH)
         pull = self._zmq.socket(zmq.PULL)
-        inbox = bind_address(push, self.pipeline.control, base + "-in")
-        outbox = bind_address(pull, self.pipeline.control, base + "-out")
-        process = multiprocessing.get_context("spawn").Process(
-            target=run_stage_process,
-            args=(
+        inbox = self._bind(push, base + "-in")
+        outbox = self._bind(pull, base + "-out")
+        process = self._launch(
+            (
                 self.pipeline.rebuild,
                 self.name,
                 self.device,
-                self.pipeline.transport_name,
+                self.transport_name,
                 self.pipeline.prefix,
                 inbox,
                 outbox,
-                os.getpid(),
-                plugins_needed(
-                    self.pipeline.plugin_manager, self.stage, self.pipeline.transport_name, self.device
-                ),
+                self.parent_pid,
+                plugins_needed(self.pipeline.plugin_manager, self.stage, self.transport_name, self.device),
                 self.transport.peer_options(self.peer),
-            ),
-            name=f"omni-stage-{self.name}",
-            daemon=True,
+            )
         )
         try:
             process.start()
@@ -111,6 +108,16 @@ class ProcessStage(Executor):
         for sock in old:
             if sock is not None:
                 sock.close() if isinstance(sock, Channel) else sock.close(linger=0)
+
+    def _bind(self, socket: zmq.Socket, ipc_path: str) -> str:
+        return bind_address(socket, self.pipeline.control, ipc_path)
+
+    def _launch(self, args: tuple):
+        """The child, not started yet: anything with ``start``, ``pid``, ``exitcode``, ``join``,
+        ``is_alive``, ``terminate`` and ``kill`` (a Ray actor in ``RayStage``)."""
+        return multiprocessing.get_context("spawn").Process(
+            target=run_stage_process, args=args, name=f"omni-stage-{self.name}", daemon=True
+        )
 
     def _await_ready(self, process, pull) -> None:
         deadline = time.monotonic() + self.start_timeout_s

@@ -21,7 +21,8 @@ from omni_core.pipeline.topology import Topology, TopologyError
 from omni_core.pipeline.validation import validate_topology
 from omni_core.scheduler.executor import Executor, Message
 
-PLACEMENTS = ("inproc", "process")
+PLACEMENTS = ("inproc", "process", "ray")
+OWN_PROCESS = ("process", "ray")  # placements whose stage runs in a process of its own
 
 
 def check_picklable(rebuild: Callable[[], Topology]) -> None:
@@ -66,6 +67,7 @@ class Pipeline:
         control: str = "ipc",
         max_running: int = 1024,
         transport_options: dict[str, Any] | None = None,
+        ray: Any = None,
     ):
         validate_topology(topology)
         if plugin_manager is None:
@@ -82,8 +84,10 @@ class Pipeline:
         self.max_running = max_running
         self.routes = Routes(topology)
         self.placement = self._resolve_placement(stage_mode, placement or {})
-        if any(p == "process" for p in self.placement.values()):
+        if any(p in OWN_PROCESS for p in self.placement.values()):
             self._check_process_placement()
+        self.ray_options = ray  # a RayOptions for stages placed on Ray (None: its defaults)
+        self._ray = None  # the RayPlacement, once started
         self.prefix = f"omni-{uuid.uuid4().hex[:10]}"  # names this pipeline's shm segments and sockets
         self.executors: dict[str, Executor] = {}
         self._requests: dict[str, _Request] = {}
@@ -108,7 +112,7 @@ class Pipeline:
     def _check_process_placement(self) -> None:
         if self.rebuild is None:
             raise ValueError(
-                "stages placed in processes need rebuild=: a picklable callable returning the topology"
+                "stages placed in processes or on Ray need rebuild=: a picklable callable returning the topology"
             )
         check_picklable(self.rebuild)
         spec = self.plugin_manager.transport(self.transport_name)
@@ -125,21 +129,30 @@ class Pipeline:
             return self
         if self._closed:
             raise RuntimeError("pipeline was shut down")
-        needs_transport = any(p == "process" for p in self.placement.values())
+        # each stage in a process of its own is a peer of the transport, ranked in stage order
+        peers = [s.name for s in self.topology.stages if self.placement[s.name] in OWN_PROCESS]
+        peer_of = {name: rank for rank, name in enumerate(peers, start=1)}
         try:
-            if needs_transport:
-                self._transport = self._make_transport()
+            if any(p == "ray" for p in self.placement.values()):
+                self._place_on_ray()
+            if peers:
+                self._transport = self._make_transport(peer_of)
                 # also at interpreter exit, should shutdown() never be called
                 weakref.finalize(self, self._transport.close)
-            peers = 0
             for stage in self.topology.stages:
                 device = stage.device or self.device
                 emit, fail = self._callbacks(stage.name)
                 if self.placement[stage.name] == "process":
                     from omni_core.pipeline.process_stage import ProcessStage
 
-                    peers += 1
-                    executor: Executor = ProcessStage(self, stage, device, emit, fail, peer=peers)
+                    executor: Executor = ProcessStage(self, stage, device, emit, fail, peer=peer_of[stage.name])
+                elif self.placement[stage.name] == "ray":
+                    from omni_core.pipeline.ray_stage import RayStage
+
+                    executor = RayStage(
+                        self, stage, device, emit, fail, peer_of[stage.name], self._ray,
+                        self._stage_transport(stage.name),
+                    )
                 else:
                     executor = build_executor(
                         stage, device=device, emit=emit, fail=fail, plugin_manager=self.plugin_manager,
@@ -153,12 +166,51 @@ class Pipeline:
         self._started = True
         return self
 
-    def _make_transport(self):
+    def _make_transport(self, peer_of: dict[str, int]):
         spec = self.plugin_manager.transport(self.transport_name)
-        peers = sum(1 for p in self.placement.values() if p == "process")
-        return spec.factory(
-            {**self.transport_options, "prefix": self.prefix, "peers": peers, "device": self.device}
-        )
+        options = {**self.transport_options, "prefix": self.prefix, "peers": len(peer_of), "device": self.device}
+        remote = [name for name in peer_of if self._ray is not None and self._off_node(name)]
+        if self._ray is not None and spec.cross_host:
+            options.setdefault("host", self._ray.runtime_address)  # a rendezvous other nodes reach (nccl)
+        if not remote or spec.cross_host:
+            return spec.factory(options)
+        from omni_core.comm.per_peer import PeerTransports
+
+        remote_spec = self._remote_transport_spec(remote[0])
+        far = remote_spec.factory({"prefix": self.prefix, "peers": len(peer_of), "device": self.device})
+        return PeerTransports({peer_of[name]: far for name in remote}, spec.factory(options))
+
+    # -- placement on Ray -------------------------------------------------------------------------
+
+    def _place_on_ray(self) -> None:
+        from omni_core.pipeline.ray_placement import RayOptions, RayPlacement
+
+        self._ray = RayPlacement(self.ray_options or RayOptions())
+        stages = {s.name: s.device or self.device for s in self.topology.stages if self.placement[s.name] == "ray"}
+        self._ray.place(stages)
+
+    def _off_node(self, stage: str) -> bool:
+        return self.placement[stage] == "ray" and not self._ray.same_node(stage)
+
+    def _remote_transport_spec(self, stage: str):
+        """The transport to stages on other nodes; one that cannot cross hosts fails the start."""
+        from omni_core.pipeline.ray_placement import RayPlacementError
+
+        name = self._ray.options.remote_transport
+        spec = self.plugin_manager.transport(name)
+        if not spec.cross_host:
+            crossing = sorted(n for n, s in self.plugin_manager.transports().items() if s.cross_host)
+            raise RayPlacementError(
+                f"stage {stage!r} was placed on node {self._ray.nodes[stage][:8]}, not the runtime's "
+                f"({self._ray.runtime_node[:8]}), and transport {name!r} cannot cross hosts; use one of {crossing}"
+            )
+        return spec
+
+    def _stage_transport(self, stage: str) -> str:
+        """The transport's name between the runtime and a stage's process."""
+        if self._off_node(stage) and not self.plugin_manager.transport(self.transport_name).cross_host:
+            return self._ray.options.remote_transport
+        return self.transport_name
 
     def _start_all(self) -> None:
         """Start every executor; process stages spawn concurrently (each pays the interpreter start)."""
@@ -198,6 +250,8 @@ class Pipeline:
                 pass
         if self._transport is not None:
             self._transport.close()
+        if self._ray is not None:
+            self._ray.remove()  # after the actors: their bundles go with the group
 
     def __enter__(self) -> Pipeline:
         return self.start()

@@ -30,7 +30,7 @@ def run_stage_process(
     prefix: str,
     inbox: str,
     outbox: str,
-    parent_pid: int,
+    parent_pid: int | None,
     plugins: list[str] | None = None,
     transport_options: dict[str, Any] | None = None,
 ) -> None:
@@ -83,10 +83,11 @@ def _start_executor(rebuild, stage_name, device, plugins, out: Channel):
     return executor
 
 
-def _serve(pull, out: Channel, transport, executor, parent_pid: int) -> None:
+def _serve(pull, out: Channel, transport, executor, parent_pid: int | None) -> None:
     next_stats = 0.0
     while True:
-        if os.getppid() != parent_pid:
+        # None: the host ends this process with the runtime's (a Ray actor shares its owner's fate)
+        if parent_pid is not None and os.getppid() != parent_pid:
             transport.close()  # the runtime process died: free what nobody will read
             return
         now = time.monotonic()

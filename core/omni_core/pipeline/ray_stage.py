@@ -1,0 +1,138 @@
+"""A stage placed on a Ray actor: the process placement with an actor for the process.
+
+``RayStage`` is a ``ProcessStage`` whose child is a ``StageActor`` in the deployment's placement
+group, running the very main loop of a stage process (``run_stage_process``) over the same
+control messages; its sockets are bound on the runtime node's address, over tcp, so an actor on
+another node reaches them. Everything else (routing, restarts, the requests lost with a dead
+actor) is ``ProcessStage``'s. ``ActorProcess`` gives an actor the few calls of a
+``multiprocessing.Process`` that ``ProcessStage`` makes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import zmq
+
+from omni_core.pipeline.control import bind_address
+from omni_core.pipeline.process_stage import ProcessStage, StageProcessError
+from omni_core.pipeline.ray_placement import actor_device
+from omni_core.pipeline.stage_process import run_stage_process
+
+ACTOR_DIED = -9  # the exit code reported for an actor that died (Ray does not say with which signal)
+
+
+class StageActor:
+    """Hosts one stage. ``run`` blocks the actor's thread for the stage's lifetime, as a stage
+    process's main does; ``pid`` answers first, so the runtime knows which process it watches."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, *args: Any) -> None:
+        run_stage_process(*args)
+
+
+class ActorProcess:
+    """The ``multiprocessing.Process`` calls ``ProcessStage`` makes, on a Ray actor."""
+
+    def __init__(self, ray: Any, options: dict[str, Any], args: tuple, name: str, start_timeout_s: float):
+        self.ray = ray
+        self.options = options
+        self.args = args
+        self.name = name
+        self.start_timeout_s = start_timeout_s
+        self.actor = None
+        self.pid: int | None = None
+        self._run = None
+        self._exitcode: int | None = None
+        self.node_id = ""
+
+    def start(self) -> None:
+        ray = self.ray
+        actor_class = ray.remote(max_restarts=0, max_task_retries=0)(StageActor)
+        self.actor = actor_class.options(name=None, **self.options).remote()
+        try:
+            self.pid = ray.get(self.actor.pid.remote(), timeout=self.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise StageProcessError(
+                f"stage {self.name!r}: its Ray actor did not start within {self.start_timeout_s:.0f} s"
+            ) from None
+        except ray.exceptions.RayError as exc:
+            raise StageProcessError(f"stage {self.name!r}: its Ray actor could not start: {exc}") from None
+        self._run = self.actor.run.remote(*self.args)
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while the actor runs its stage; 0 when the stage loop returned (told to stop),
+        ``ACTOR_DIED`` when the actor or its node died."""
+        if self._exitcode is None and self._run is not None:
+            ready, _ = self.ray.wait([self._run], timeout=0)
+            if ready:
+                try:
+                    self.ray.get(ready[0])
+                    self._exitcode = 0
+                except self.ray.exceptions.RayError:
+                    self._exitcode = ACTOR_DIED
+        elif self._exitcode is None and self.actor is None:
+            self._exitcode = ACTOR_DIED  # never started
+        return self._exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._run is not None and self._exitcode is None:
+            self.ray.wait([self._run], timeout=timeout)
+            self.exitcode  # noqa: B018 - records how the run ended
+        if self._exitcode is not None:
+            self.kill()  # an actor outlives its method: remove it, its bundle's resources free again
+
+    def is_alive(self) -> bool:
+        return self.actor is not None
+
+    def terminate(self) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        if self.actor is not None:
+            try:
+                self.ray.kill(self.actor, no_restart=True)
+            except Exception:  # already gone with its node or the cluster
+                pass
+            self.actor = None
+
+
+class RayStage(ProcessStage):
+    """``placement`` is the pipeline's ``RayPlacement`` (its group placed); ``transport_name``
+    the transport to this stage's node."""
+
+    def __init__(
+        self,
+        pipeline: Any,
+        stage: Any,
+        device: str,
+        emit,
+        fail,
+        peer: int,
+        placement: Any,
+        transport_name: str,
+    ):
+        super().__init__(pipeline, stage, device, emit, fail, peer=peer)
+        self.placement = placement
+        self.transport_name = transport_name
+        self.transport = getattr(self.transport, "for_peer", lambda _: self.transport)(peer)
+        self.device = actor_device(device, placement.bundles[stage.name])
+        # the runtime process's death ends its actors through Ray (they share their owner's
+        # fate), not by the parent-pid check of a spawned child
+        self.parent_pid = None
+
+    def _bind(self, socket: zmq.Socket, ipc_path: str) -> str:
+        return bind_address(socket, "tcp", ipc_path, host=self.placement.runtime_address)
+
+    def _launch(self, args: tuple):
+        options = self.placement.scheduling(self.name)
+        return ActorProcess(self.placement.ray, options, args, self.name, self.start_timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        stats = super().stats()
+        stats.update(node=self.placement.nodes.get(self.name, ""), transport=self.transport_name)
+        return stats
