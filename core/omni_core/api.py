@@ -317,17 +317,18 @@ class Omni:
             local_parts=local_parts,
         )
 
-    def submit(self, inputs: dict[str, Any], request_id: str | None = None):
+    def submit(self, inputs: dict[str, Any], request_id: str | None = None, deadline: float | None = None):
         """Start a request from an entry payload; returns the pipeline's ``RequestHandle``, or for
         a speech request the family cuts into segments (``FamilySpec.split_speech``) a
-        ``SegmentedHandle`` that runs them in turn and yields their events as one request's."""
+        ``SegmentedHandle`` that runs them in turn and yields their events as one request's.
+        ``deadline`` (``time.monotonic()``): past it the request stops (``DeadlineExceeded``)."""
         split = self.spec.split_speech
         parts = split(self.checkpoint_dir, inputs) if split is not None and inputs.get("task") == "speech" else None
         if parts and len(parts) > 1:
             from omni_core.pipeline import SegmentedHandle
 
-            return SegmentedHandle(self.pipeline, parts, request_id)
-        return self.pipeline.submit(inputs, request_id=request_id)
+            return SegmentedHandle(self.pipeline, parts, request_id, deadline=deadline)
+        return self.pipeline.submit(inputs, request_id=request_id, deadline=deadline)
 
     # -- tasks ------------------------------------------------------------------------------------
 

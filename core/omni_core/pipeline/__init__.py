@@ -1,6 +1,12 @@
 """The pipeline layer: stage topologies, the runtime that places and connects stages, request handles."""
 
-from omni_core.pipeline.handle import OutputEvent, RequestFailed, RequestHandle
+from omni_core.pipeline.handle import (
+    DeadlineExceeded,
+    OutputEvent,
+    RequestFailed,
+    RequestHandle,
+    StageUnavailable,
+)
 from omni_core.pipeline.runtime import Pipeline, PipelineFull
 from omni_core.pipeline.segmented import SegmentedHandle
 from omni_core.pipeline.topology import Edge, StageSpec, Topology, TopologyError
@@ -9,6 +15,7 @@ from omni_core.scheduler.executor import Message, StageContext
 
 __all__ = [
     "JOINED_PORT",
+    "DeadlineExceeded",
     "Edge",
     "Message",
     "OutputEvent",
@@ -17,6 +24,7 @@ __all__ = [
     "RequestFailed",
     "RequestHandle",
     "SegmentedHandle",
+    "StageUnavailable",
     "StageContext",
     "StageSpec",
     "Topology",

@@ -29,6 +29,22 @@ class RequestFailed(RuntimeError):
         super().__init__(f"{where}: {message}")
 
 
+class DeadlineExceeded(RequestFailed):
+    """The request ran past the deadline given to ``submit``; it was stopped in every stage."""
+
+    def __init__(self):
+        super().__init__("", "it ran past its deadline and was stopped in every stage")
+
+
+class StageUnavailable(RequestFailed):
+    """A stage the request needed is being restarted (its process died): the failure is
+    transient, and the stage is expected back in about ``retry_after`` seconds."""
+
+    def __init__(self, stage: str, message: str, retry_after: float):
+        super().__init__(stage, message)
+        self.retry_after = retry_after
+
+
 class EventSource:
     """Blocking iteration and ``collect`` over a ``get(timeout)`` that returns the next event,
     ``None`` at the end."""
@@ -106,6 +122,12 @@ class RequestHandle(EventSource):
     def done(self) -> bool:
         with self._cond:
             return self._closed and not self._events
+
+    @property
+    def error(self) -> RequestFailed | None:
+        """What the request failed with (raised at the end of iteration); None otherwise."""
+        with self._cond:
+            return self._error
 
     def abort(self) -> None:
         self._pipeline.abort(self.request_id)

@@ -2,8 +2,9 @@
 
 ``ProcessStage`` spawns the child (``stage_process.run_stage_process``), forwards messages,
 aborts and releases to it over zmq, and routes what it emits. A monitor thread reads the child's
-messages and watches the process: when it dies, the requests it held fail with a clear error,
-a new child is spawned, and messages submitted meanwhile wait and then go to the new child.
+messages and watches the process: when it dies, the requests it held fail with a transient
+error (``StageUnavailable``, with when the stage should be back), a new child is spawned, and
+messages submitted meanwhile wait (bounded by their request's deadline) and then go to it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class ProcessStage(Executor):
         self._child_stats: dict[str, Any] = {}
         self.restarts = 0
         self.pid: int | None = None
+        self.start_seconds = 1.0  # how long the last start took: how soon a restart is expected back
+        self._restart_began = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -73,6 +76,7 @@ class ProcessStage(Executor):
         self._monitor.start()
 
     def _spawn_and_wait(self) -> None:
+        began = time.monotonic()
         self._generation += 1
         base = os.path.join(self._dir, f"{self.name[:20]}-{self._generation}")
         push = self._zmq.socket(zmq.PUSH)
@@ -105,6 +109,7 @@ class ProcessStage(Executor):
             old = (self._out, self._pull)
             self._process, self._pull, self._out = process, pull, Channel(push, self.transport, self.peer)
             self.pid = process.pid
+            self.start_seconds = time.monotonic() - began
         for sock in old:
             if sock is not None:
                 sock.close() if isinstance(sock, Channel) else sock.close(linger=0)
@@ -204,6 +209,19 @@ class ProcessStage(Executor):
     def release(self, request_id: str) -> None:
         self._send_op("release", request_id)
 
+    def restart_wait(self, request_id: str) -> float | None:
+        """Seconds until the restarting child is expected back, when a message of the request
+        waits for it; None otherwise."""
+        with self._lock:
+            if self._state != "restarting" or not any(m.request_id == request_id for m in self._waiting):
+                return None
+            return self._expected_back()
+
+    def _expected_back(self) -> float:
+        """With the lock held: seconds until the child being restarted should be ready (as long
+        as its last start took; at least 1)."""
+        return max(1.0, self.start_seconds - (time.monotonic() - self._restart_began))
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             stats = dict(self._child_stats)
@@ -247,8 +265,10 @@ class ProcessStage(Executor):
             if self._state != "running":
                 return
             self._state = "restarting"
+            self._restart_began = time.monotonic()
             lost, self._inflight = self._inflight, set()
             self.restarts += 1
+            retry_after = self._expected_back()
         log.warning(
             "stage %r: process %s died (exit code %s); %d request(s) fail",
             self.name,
@@ -270,8 +290,8 @@ class ProcessStage(Executor):
                 self._fail(request_id, reason)
             return
         reason = f"stage process died (exit code {exitcode}); it is being restarted"
-        for request_id in lost:
-            self._fail(request_id, reason)
+        for request_id in lost:  # transient: the same request succeeds once the stage is back
+            self._fail(request_id, reason, retry_after)
         for attempt in range(MAX_RESTARTS_IN_A_ROW):
             try:
                 self._spawn_and_wait()

@@ -14,7 +14,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from omni_core.pipeline.handle import OutputEvent, RequestFailed, RequestHandle
+from omni_core.pipeline.deadlines import DeadlineWatch
+from omni_core.pipeline.handle import (
+    DeadlineExceeded,
+    OutputEvent,
+    RequestFailed,
+    RequestHandle,
+    StageUnavailable,
+)
 from omni_core.pipeline.routing import RequestPlan, Routes
 from omni_core.pipeline.stage_host import build_executor, release_request
 from omni_core.pipeline.topology import Topology, TopologyError
@@ -44,11 +51,12 @@ class PipelineFull(RuntimeError):
 
 
 class _Request:
-    __slots__ = ("handle", "plan")
+    __slots__ = ("deadline", "handle", "plan")
 
-    def __init__(self, handle: RequestHandle, plan: RequestPlan):
+    def __init__(self, handle: RequestHandle, plan: RequestPlan, deadline: float | None):
         self.handle = handle
         self.plan = plan
+        self.deadline = deadline
 
 
 class Pipeline:
@@ -95,6 +103,7 @@ class Pipeline:
         self._started = False
         self._closed = False
         self._transport = None
+        self._deadlines = DeadlineWatch(self._expire, name=f"{self.prefix}-deadlines")
 
     # -- configuration ----------------------------------------------------------------------------
 
@@ -241,6 +250,7 @@ class Pipeline:
         with self._lock:
             running = list(self._requests.values())
             self._requests.clear()
+        self._deadlines.close()
         for request in running:
             request.handle._close(RequestFailed("", "pipeline shut down"))
         for executor in self.executors.values():
@@ -261,8 +271,14 @@ class Pipeline:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def submit(self, inputs: dict[str, Any], request_id: str | None = None) -> RequestHandle:
-        """Start a request; non-blocking. Raises ``PipelineFull`` past ``max_running``."""
+    def submit(
+        self, inputs: dict[str, Any], request_id: str | None = None, deadline: float | None = None
+    ) -> RequestHandle:
+        """Start a request; non-blocking. Raises ``PipelineFull`` past ``max_running``.
+
+        ``deadline`` (a ``time.monotonic()`` value): once it passes, the request is stopped in
+        every stage as an abort stops it, and its handle raises ``DeadlineExceeded`` (or
+        ``StageUnavailable`` when it was waiting for a stage process being restarted)."""
         if not self._started or self._closed:
             raise RuntimeError("pipeline is not running: call start() first")
         if not isinstance(inputs, dict):
@@ -277,7 +293,9 @@ class Pipeline:
                 raise ValueError(f"request id {request_id!r} is already running")
             if len(self._requests) >= self.max_running:
                 raise PipelineFull(f"{len(self._requests)} requests running (max_running={self.max_running})")
-            self._requests[request_id] = _Request(handle, plan)
+            self._requests[request_id] = _Request(handle, plan, deadline)
+        if deadline is not None:  # before delivering: a full entry queue may hold the caller
+            self._deadlines.add(request_id, deadline)
         self._deliver(self.routes.entry_stage, Message(request_id, self.routes.entry_port, inputs, True, 0))
         return handle
 
@@ -287,8 +305,31 @@ class Pipeline:
             request = self._requests.pop(request_id, None)
         if request is None:
             return
+        self._deadlines.discard(request_id, request.deadline)
         request.handle._close(aborted=True)
         self._drop(request_id, request.plan, abort=True)
+
+    def _expire(self, request_id: str, deadline: float) -> None:
+        """The request's deadline passed: stop it in every stage, as ``abort`` does."""
+        with self._lock:
+            request = self._requests.get(request_id)
+            if request is None or request.deadline != deadline:
+                return  # ended meanwhile (or the id now names a later request)
+            del self._requests[request_id]
+        request.handle._close(self._restart_wait(request_id, request.plan) or DeadlineExceeded())
+        self._drop(request_id, request.plan, abort=True)
+
+    def _restart_wait(self, request_id: str, plan: RequestPlan) -> StageUnavailable | None:
+        """Why the request is late when one of its messages waits for a stage process being
+        restarted: that is transient, not the request's own doing."""
+        for stage in plan.reached:
+            # only a stage placed in a process restarts (ProcessStage); others have no such wait
+            waiting = getattr(self.executors.get(stage), "restart_wait", None)
+            seconds = waiting(request_id) if waiting is not None else None
+            if seconds is not None:
+                message = "its process died and is being restarted; the request's deadline passed while it waited"
+                return StageUnavailable(stage, message, seconds)
+        return None
 
     def _drop(self, request_id: str, plan: RequestPlan, abort: bool) -> None:
         for stage in plan.reached:
@@ -306,8 +347,8 @@ class Pipeline:
         def emit(message: Message) -> None:
             self._route(stage, message)
 
-        def fail(request_id: str, error: str) -> None:
-            self._fail(stage, request_id, error)
+        def fail(request_id: str, error: str, retry_after: float | None = None) -> None:
+            self._fail(stage, request_id, error, retry_after)
 
         return emit, fail
 
@@ -332,6 +373,7 @@ class Pipeline:
                 del self._requests[message.request_id]
                 request.handle._close()
         if finished:
+            self._deadlines.discard(message.request_id, request.deadline)
             self._drop(message.request_id, request.plan, abort=False)
             return
         for dst, msg in deliveries:
@@ -345,12 +387,16 @@ class Pipeline:
         if gone:  # aborted or failed while we waited: do not leave state behind in that stage
             executor.abort(message.request_id)
 
-    def _fail(self, stage: str, request_id: str, error: str) -> None:
+    def _fail(self, stage: str, request_id: str, error: str, retry_after: float | None = None) -> None:
+        """Fails the request; with ``retry_after`` (a stage process being restarted) the failure
+        is transient: ``StageUnavailable``."""
         with self._lock:
             request = self._requests.pop(request_id, None)
         if request is None:
             return
-        request.handle._close(RequestFailed(stage, error))
+        self._deadlines.discard(request_id, request.deadline)
+        failure = RequestFailed(stage, error) if retry_after is None else StageUnavailable(stage, error, retry_after)
+        request.handle._close(failure)
         self._drop(request_id, request.plan, abort=True)
 
     # -- introspection ----------------------------------------------------------------------------

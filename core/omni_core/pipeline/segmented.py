@@ -19,16 +19,25 @@ class SegmentedHandle(EventSource):
     when the one before ends, and no more than ``1 + ahead`` parts hold the pipeline at once.
     Only the last part's last event of an output has ``end=True``, and usage (``usage`` in a
     payload) is summed over the parts and given once, with that event. A part that fails aborts
-    the others and its ``RequestFailed`` is raised; ``abort()`` stops every part.
+    the others and its ``RequestFailed`` is raised; ``abort()`` stops every part. ``deadline``
+    (``time.monotonic()``) is the whole request's: every part is submitted with it.
     """
 
-    def __init__(self, pipeline: Any, parts: list[dict[str, Any]], request_id: str | None = None, ahead: int = 1):
+    def __init__(
+        self,
+        pipeline: Any,
+        parts: list[dict[str, Any]],
+        request_id: str | None = None,
+        ahead: int = 1,
+        deadline: float | None = None,
+    ):
         if not parts:
             raise ValueError("a segmented request needs at least one part")
         self.request_id = request_id or uuid.uuid4().hex
         self._pipeline = pipeline
         self._parts = list(parts)
         self._ahead = max(0, ahead)
+        self._deadline = deadline
         self._lock = threading.Lock()
         self._handles: list[RequestHandle] = []
         self._current = 0  # the part being read (only the reader moves it)
@@ -47,7 +56,9 @@ class SegmentedHandle(EventSource):
             try:
                 while not self._aborted and len(self._handles) < due:
                     i = len(self._handles)
-                    self._handles.append(self._pipeline.submit(self._parts[i], request_id=f"{self.request_id}.{i}"))
+                    self._handles.append(
+                        self._pipeline.submit(self._parts[i], request_id=f"{self.request_id}.{i}", deadline=self._deadline)
+                    )
             except Exception as exc:
                 if not self._handles:
                     raise  # nothing runs yet: the caller sees the submit's own error
@@ -123,6 +134,13 @@ class SegmentedHandle(EventSource):
     def aborted(self) -> bool:
         with self._lock:
             return self._aborted or any(h.aborted for h in self._handles)
+
+    @property
+    def error(self) -> RequestFailed | None:
+        """What the part that failed failed with (the others were aborted); None otherwise."""
+        with self._lock:
+            handles = list(self._handles)
+        return next((h.error for h in handles if h.error is not None), None)
 
     @property
     def done(self) -> bool:

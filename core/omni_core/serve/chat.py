@@ -56,7 +56,7 @@ async def create_chat_completion(body: ChatRequest, request: Request):
         inputs = await asyncio.to_thread(
             omni.chat_inputs, messages, modalities=body.modalities, voice=voice, sampling=body.sampling(), local_parts=False
         )
-        handle = slot.track(omni.submit(inputs))
+        handle = slot.track(omni.submit(inputs, deadline=slot.deadline))
         reply = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "created": int(time.time()),

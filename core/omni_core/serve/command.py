@@ -225,6 +225,9 @@ def _installed(kind: str) -> str:
               help="Longest audio a request brings: uploads, references, chat audio (413 beyond).")
 @click.option("--receive-timeout", default=60.0, show_default=True, type=_FiniteRange(min=0.1),
               help="Seconds a request may take to arrive whole (headers and body); then it is dropped (408).")
+@click.option("--request-timeout", default=600.0, show_default=True, type=_FiniteRange(min=0),
+              help="Seconds a request may run once it has arrived, queue included; then it is stopped in every "
+                   "stage (504, or an error event in a stream). 0: no limit. X-Request-Timeout asks for less.")
 @click.option("--max-connections", default=512, show_default=True, type=click.IntRange(min=1),
               help="Connections open at once; a new one past it gets 503 and is closed.")
 @click.option(
@@ -263,6 +266,7 @@ def serve(
     max_upload_mb,
     max_audio_seconds,
     receive_timeout,
+    request_timeout,
     max_connections,
     drain_seconds,
     log_level,
@@ -341,6 +345,7 @@ def serve(
         drain_grace_s=drain_seconds,
         public_docs=public_docs,
         metrics_require_key=metrics_require_key,
+        request_timeout_s=request_timeout or None,
     )
 
     def load():

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5, 10)
@@ -48,6 +48,9 @@ class _StageCollector:
         running = GaugeMetricFamily(
             "omni_stage_requests", "Requests holding state in a stage", labels=["stage"]
         )
+        restarts = CounterMetricFamily(
+            "omni_stage_restarts", "Times a stage's process died and was restarted", labels=["stage"]
+        )
         try:
             stats = self.stats() or {}
         except Exception:
@@ -59,9 +62,12 @@ class _StageCollector:
             queue.add_metric([stage], float(values.get("queue_depth", 0)) + float(values.get("waiting", 0)))
             if "running" in values:
                 running.add_metric([stage], float(values["running"]))
+            if "restarts" in values:  # stages placed in processes
+                restarts.add_metric([stage], float(values["restarts"]))
         yield kv
         yield queue
         yield running
+        yield restarts
 
 
 class ServerMetrics:
@@ -97,6 +103,12 @@ class ServerMetrics:
         )
         self.aborted = Counter(
             "omni_requests_aborted", "Requests aborted (client gone or shutdown)", ["endpoint"], registry=r
+        )
+        self.timed_out = Counter(
+            "omni_requests_timed_out",
+            "Requests stopped by their deadline (--request-timeout, X-Request-Timeout)",
+            ["endpoint"],
+            registry=r,
         )
         Gauge("omni_running_requests", "Requests admitted and running", registry=r).set_function(
             lambda: admission.running

@@ -75,7 +75,7 @@ async def create_speech(body: SpeechRequest, request: Request):
             seed=body.seed,
             sampling=body.sampling(),
         )
-        handle = slot.track(omni.submit(inputs))
+        handle = slot.track(omni.submit(inputs, deadline=slot.deadline))
         rate = omni.sample_rate
         if body.stream_format is None:
             events = await collect(request, handle)

@@ -11,7 +11,9 @@ from typing import Any
 
 from fastapi import Request
 
+from omni_core.pipeline import DeadlineExceeded
 from omni_core.serve.admission import Admission, draining_error
+from omni_core.serve.deadline import HEADER, deadline_exceeded, request_timeout
 from omni_core.serve.errors import APIError, unknown_model
 from omni_core.serve.metrics import ServerMetrics
 from omni_core.serve.streaming import ClientGone, unless_client_leaves
@@ -29,14 +31,17 @@ class ServeConfig:
     drain_grace_s: float = 30.0
     public_docs: bool = False  # /openapi.json, /docs, /redoc without the API key
     metrics_require_key: bool = False  # /metrics behind the API key too
+    request_timeout_s: float | None = 600.0  # the longest a request may run (None: no limit)
 
 
 class Slot:
-    """A running slot taken from admission; released once, however the request ends."""
+    """A running slot taken from admission; released once, however the request ends.
+    ``deadline`` (``time.monotonic()``, None: none) is the request's, to submit it with."""
 
-    def __init__(self, state: ServerState, endpoint: str):
+    def __init__(self, state: ServerState, endpoint: str, deadline: float | None = None):
         self.state = state
         self.endpoint = endpoint
+        self.deadline = deadline
         self.started = time.perf_counter()
         self.handle: Any = None
         self._released = False
@@ -54,7 +59,10 @@ class Slot:
             self.state.in_flight.discard(self.handle)
             if not self.handle.done:  # the response ended early (client gone, error): free every stage
                 self.handle.abort()
-            if self.handle.aborted:
+            # before aborted: a segmented request whose part ran out of time aborts its other parts
+            if isinstance(self.handle.error, DeadlineExceeded):
+                self.state.metrics.timed_out.labels(self.endpoint).inc()
+            elif self.handle.aborted:
                 self.state.metrics.aborted.labels(self.endpoint).inc()
         await self.state.admission.release(time.perf_counter() - self.started)
 
@@ -112,25 +120,32 @@ class ServerState:
         return self.omni
 
     async def admit(self, endpoint: str, request: Request) -> Slot:
-        """A running slot for the request (its body already read); one that waits in the queue
-        gives its place up if the client leaves meanwhile (``ClientGone``)."""
+        """A running slot for the request (its body already read), with the request's deadline
+        counted from now; one that waits in the queue gives its place up if the client leaves
+        meanwhile (``ClientGone``) or its deadline passes (504)."""
         self.ready_omni()
+        timeout = request_timeout(request.headers.get(HEADER), self.config.request_timeout_s)
+        deadline = time.monotonic() + timeout if timeout is not None else None
         acquiring = asyncio.ensure_future(self.admission.acquire())
         try:
-            admitted = await unless_client_leaves(request, acquiring)
+            admitted = await unless_client_leaves(request, acquiring, timeout)
         except asyncio.CancelledError:
-            await self._give_up(acquiring, endpoint)
+            await self._give_up(acquiring, endpoint, self.metrics.aborted)
             raise
         if not admitted:
-            await self._give_up(acquiring, endpoint)
+            if deadline is not None and time.monotonic() >= deadline:
+                await self._give_up(acquiring, endpoint, self.metrics.timed_out)
+                raise deadline_exceeded()
+            await self._give_up(acquiring, endpoint, self.metrics.aborted)
             raise ClientGone()
         acquiring.result()  # 429, 503
-        return Slot(self, endpoint)
+        return Slot(self, endpoint, deadline)
 
-    async def _give_up(self, acquiring: asyncio.Future, endpoint: str) -> None:
-        """Leaves the queue (an aborted request, as one that left a stage); a slot granted in the
-        meantime goes back, and a wake-up this waiter may have taken is passed on."""
-        self.metrics.aborted.labels(endpoint).inc()
+    async def _give_up(self, acquiring: asyncio.Future, endpoint: str, counter) -> None:
+        """Leaves the queue (an aborted or timed-out request, as one that left a stage: counted in
+        ``counter``); a slot granted in the meantime goes back, and a wake-up this waiter may have
+        taken is passed on."""
+        counter.labels(endpoint).inc()
         acquiring.cancel()
         try:
             await acquiring

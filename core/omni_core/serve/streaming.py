@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from omni_core.pipeline import OutputEvent, RequestFailed
+from omni_core.pipeline import DeadlineExceeded, OutputEvent, RequestFailed, StageUnavailable
+from omni_core.serve.deadline import deadline_exceeded
 from omni_core.serve.errors import APIError, StreamCut
 
 
@@ -27,6 +29,17 @@ class ClientGone(Exception):
 
 
 def stage_failure(exc: RequestFailed) -> APIError:
+    if isinstance(exc, DeadlineExceeded):
+        return deadline_exceeded()
+    if isinstance(exc, StageUnavailable):  # its process died: the same request succeeds once it is back
+        seconds = max(1, math.ceil(exc.retry_after))
+        return APIError(
+            503,
+            f"{exc}; retry in {seconds} s",
+            type="server_error",
+            code="stage_restarting",
+            headers={"Retry-After": str(seconds)},
+        )
     # a stage that rejects the request's content raises an exception named InvalidInput: a 400
     if exc.message.startswith("InvalidInput:"):
         return APIError(400, str(exc), type="invalid_request_error", code="invalid_input")
@@ -41,12 +54,13 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
-async def unless_client_leaves(request: Request, future: asyncio.Future) -> bool:
-    """Waits for ``future`` or for the client to disconnect, whichever comes first: True when the
-    future is done. Cancelling the wait leaves ``future`` to the caller."""
+async def unless_client_leaves(request: Request, future: asyncio.Future, timeout: float | None = None) -> bool:
+    """Waits for ``future`` or for the client to disconnect, whichever comes first, for at most
+    ``timeout`` seconds: True when the future is done. Cancelling the wait leaves ``future`` to
+    the caller."""
     watcher = asyncio.ensure_future(wait_for_disconnect(request))
     try:
-        done, _ = await asyncio.wait({future, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({future, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
     return future in done

@@ -150,7 +150,7 @@ async def _audio_to_text(request: Request, endpoint: str, task: str):
             word_timestamps="word" in granularities,
         )
         seconds = len(inputs["audio"]) / (omni.spec.input_sample_rate or 16000)
-        handle = slot.track(omni.submit(inputs))
+        handle = slot.track(omni.submit(inputs, deadline=slot.deadline))
         if not stream:
             events = await collect(request, handle)
             final = next((e.payload for e in events if e.name == "text" and e.end), {})
