@@ -26,17 +26,17 @@ from omni_core.scheduler.engine import EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
 from omni_core.scheduler.hooks import ARHooks, StepBatch
 from omni_core.scheduler.host_copy import to_device, to_host_later
-from omni_core.scheduler.sampler import Sampler, SamplingTensors
 from omni_core.scheduler.sampling_params import SamplingParams
 
 from .config import TokenIds
 from .fast_ar import FastAR
+from .sampling import RAS_WINDOW, StepSampler
 from .slow_ar import SlowAR
 
-# the reference server's defaults; its fast AR samples with the slow AR's settings, as here
-DEFAULT_SAMPLING = {"temperature": 0.8, "top_p": 0.8, "top_k": 30, "repetition_penalty": 1.0}
+# the reference server's defaults, for both ARs as it does (no repetition penalty: the slow AR samples
+# repetition-aware, ``sampling``)
+DEFAULT_SAMPLING = {"temperature": 0.8, "top_p": 0.8, "top_k": 30}
 SAMPLING_KEYS = set(DEFAULT_SAMPLING)
-FAST_DRAWS = 1 << 20  # the fast AR's draws use steps past any slow AR's, so no two draws share a uniform
 
 
 @dataclass
@@ -73,6 +73,13 @@ class DualARHooks(ARHooks):
         codes = torch.stack([s.frames[n - 1] for s, n in zip(states, batch.num_output_tokens, strict=True)])
         batch.input_embeds = self.w.slow.frame_embeds(batch.input_embeds, codes)
 
+    def sample(self, batch: StepBatch, logits: torch.Tensor) -> torch.Tensor:
+        """Repetition-aware sampling of the semantic tokens (``sampling``)."""
+        states: list[Speaking] = [batch.extras[b]["fish"] for b in batch.sample_index]
+        return self.w.sample_semantic(
+            logits, states, batch.num_output_tokens, batch.recent_tokens(RAS_WINDOW)
+        )
+
     def post_prefill(self, batch, hidden, logits, token_ids):
         self._fill(batch, hidden, token_ids)
 
@@ -107,7 +114,7 @@ class DualARWorker(ARStageWorker):
         self.defaults = {**DEFAULT_SAMPLING, **(sampling or {})}
         self.device = next(slow.parameters()).device
         self.num_codebooks = slow.num_codebooks
-        self.sampler = Sampler()
+        self.sampling = StepSampler(self.device, self.num_codebooks)
 
     def make_request(self, message: Message) -> EngineRequest:
         p = message.payload
@@ -155,41 +162,17 @@ class DualARWorker(ARStageWorker):
     ) -> torch.Tensor:
         """Each row's frame [N, num_codebooks]: its semantic code, then the fast AR's codes."""
         code0 = (token_ids - self.ids.semantic_begin).clamp(0, self.fast.embeddings.num_embeddings - 1)
-        return self.fast(hidden, code0, self._chooser(states, done))
+        chooser = self.sampling.fast_chooser([s.params for s in states], [s.seed for s in states], done)
+        return self.fast(hidden, code0, chooser)
 
-    def _chooser(self, states: list[Speaking], done: list[int]):
-        """How the fast AR picks its codes: each row with its request's temperature, top-p and
-        top-k, drawn from its own seed (None: every row greedy)."""
-        params = [s.params for s in states]
-        if all(p.temperature == 0 for p in params):
-            return None
-        rows = torch.tensor([[s.seed for s in states], done, [p.top_k for p in params]], dtype=torch.int64)
-        seeds, frames, top_k = to_device(rows, self.device)
-        floats = to_device(
-            torch.tensor([[p.temperature for p in params], [p.top_p for p in params]], dtype=torch.float32),
-            self.device,
-        )
-        tensors = SamplingTensors(
-            temperature=floats[0],
-            top_k=top_k,
-            top_p=floats[1],
-            min_p=None,
-            seeds=seeds,
-            steps=None,
-            all_greedy=False,
-            any_top_k=any(p.top_k > 0 for p in params),
-            any_top_p=any(p.top_p < 1 for p in params),
-            any_min_p=False,
-            any_greedy=any(p.temperature == 0 for p in params),
-            max_top_k=max(p.top_k for p in params),
-            all_top_k=all(p.top_k > 0 for p in params),
-        )
-
-        def choose(logits: torch.Tensor, codebook: int) -> torch.Tensor:
-            tensors.steps = frames * self.num_codebooks + codebook + FAST_DRAWS
-            return self.sampler(logits, tensors)
-
-        return choose
+    def sample_semantic(
+        self, logits: torch.Tensor, states: list[Speaking], done: list[int], recent: torch.Tensor
+    ) -> torch.Tensor:
+        ids = self.ids
+        return self.sampling.semantic(
+            logits, [s.params for s in states], [s.seed for s in states], done, recent,
+            lambda t: (t >= ids.semantic_begin) & (t <= ids.semantic_end),
+        )  # fmt: skip
 
     def on_output(self, request_id, new_token_ids, finished, step_outputs, emit) -> bool:
         voiced = bool(new_token_ids) and new_token_ids[-1] != self.ids.im_end

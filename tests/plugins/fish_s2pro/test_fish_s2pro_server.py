@@ -171,6 +171,8 @@ def test_bad_input_is_a_clear_400_and_the_server_carries_on(client, server):
         _speak(client, instructions="whisper")
     with pytest.raises(openai.BadRequestError, match="unknown voice"):
         _speak(client, voice="nobody")
+    with pytest.raises(openai.BadRequestError, match="repetition_penalty"):  # it samples repetition-aware
+        _speak(client, extra_body={"repetition_penalty": 1.2})
     with pytest.raises(openai.BadRequestError, match="top_p"):
         _speak(client, extra_body={"top_p": 0})
     assert len(_speak(client, input="Still here.", extra_body={"seed": 2})) > 0
