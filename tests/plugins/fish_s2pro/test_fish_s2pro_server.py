@@ -91,6 +91,20 @@ def test_default_voice_whole_and_streamed_and_seed(client):
     assert _close(_pcm(b"".join(chunks)), whole)
 
 
+@pytest.mark.parametrize("fmt", ["flac", "mp3", "opus"])
+def test_every_encoded_format_at_44_1_khz_whole_and_streamed(client, fmt):
+    args = {"model": "fish-s2pro", "voice": "default", "input": "Short.", "response_format": fmt}
+    whole = client.audio.speech.create(**args, extra_body={"seed": 5}).content
+    samples, rate = sf.read(io.BytesIO(whole), dtype="float32")
+    assert rate == (48000 if fmt == "opus" else 44100) and len(samples) > 0
+    with client.audio.speech.with_streaming_response.create(
+        **args, extra_body={"seed": 5, "stream_format": "audio"}
+    ) as response:
+        streamed = b"".join(response.iter_bytes())
+    # the same container (a streamed header cannot know the length, so it is not compared whole)
+    assert streamed[:4] == whole[:4] and len(streamed) > 1000
+
+
 def test_clone_from_reference_audio_and_from_a_saved_voice(client, server, reference):
     audio, rate, transcript, path = reference
     encoded = base64.b64encode(path.read_bytes()).decode()
