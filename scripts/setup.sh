@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs omni-core and every plugin under plugins/ into the current Python (editable).
 # --test also installs what the test suite needs: espeak-ng (speech for ASR tests), OpenBLAS (for
-# MLX on Linux) and the test packages.
+# MLX on Linux), Chromium (the playground's browser tests drive it through Playwright, which cannot
+# download a browser of its own here) and the test packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,12 @@ step() { echo "setup: $*"; }
 if [[ "${1:-}" == "--test" ]] && { ! command -v espeak-ng >/dev/null 2>&1 || ! ldconfig -p | grep -q libopenblas; }; then
   step "installing espeak-ng, sox and OpenBLAS (apt-get)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng sox libopenblas0-pthread >/dev/null
+fi
+# Where the system has no chromium package, the browser tests skip saying so: setup goes on.
+if [[ "${1:-}" == "--test" ]] && ! command -v chromium >/dev/null 2>&1; then
+  step "installing Chromium (apt-get)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+    || step "Chromium could not be installed: the playground's browser tests will skip"
 fi
 
 # A torch already present is kept; otherwise the pinned CPU build (an unpinned torch pulls GBs of CUDA wheels).

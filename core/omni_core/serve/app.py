@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from omni_core import __version__
-from omni_core.serve import chat, info, speech, transcriptions, voices
+from omni_core.serve import chat, info, playground, speech, transcriptions, voices
 from omni_core.serve.auth import AuthMiddleware, open_paths
 from omni_core.serve.errors import APIError, QuietStreamCuts, install_error_handlers
 from omni_core.serve.metrics import MetricsMiddleware
@@ -106,6 +106,7 @@ def create_app(
     for module in (speech, transcriptions, chat, voices, info):
         app.include_router(module.router)
     app.include_router(info.open_router)
+    app.include_router(playground.router)
     # a JSON body carries at most an upload's worth of base64 audio (4/3 of its bytes) and text
     app.add_middleware(JsonBodyLimitMiddleware, limit=lambda: int(config.limits.max_upload_mb * 2**20 * 1.5) + 2**20)
     opened = open_paths(app, public_docs=config.public_docs, metrics_require_key=config.metrics_require_key)

@@ -2,14 +2,17 @@
 behind the key until someone opens it on purpose.
 
 Open without the key: ``/health`` (the readiness probe), ``/metrics`` unless
-``--metrics-require-key``, and the API docs (``/openapi.json``, ``/docs``, ``/redoc``) only with
-``--public-docs``.
+``--metrics-require-key``, the API docs (``/openapi.json``, ``/docs``, ``/redoc``) only with
+``--public-docs``, and the playground's page and files (``/``, ``/playground`` and each of its
+files by name, ``playground.PATHS``): they hold no data, and the API calls the page makes carry
+the key.
 """
 
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
+from omni_core.serve import playground
 from omni_core.serve.errors import APIError
 
 HEALTH = "/health"
@@ -25,7 +28,7 @@ def docs_paths(app: FastAPI) -> set[str]:
 
 
 def open_paths(app: FastAPI, *, public_docs: bool, metrics_require_key: bool) -> frozenset[str]:
-    paths = {HEALTH}
+    paths = {HEALTH, *playground.PATHS}
     if not metrics_require_key:
         paths.add(METRICS)
     if public_docs:

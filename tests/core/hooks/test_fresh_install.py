@@ -50,3 +50,8 @@ def test_pip_install_core_into_a_new_venv_lists_the_builtins(tmp_path):
                            env=env, capture_output=True, text=True, cwd=tmp_path)
     assert built.stdout.strip() == "True", built.stderr
     assert len(list((tmp_path / "cache" / "native").glob("paged_decode-*.so"))) == 1
+    # the playground's page and files ship in the wheel (package data): the installed copy serves them
+    shipped = subprocess.run([str(venv / "bin" / "python"), "-c", "from omni_core.serve import playground; "
+                              "print(sorted(playground.ASSETS), (playground.STATIC / 'playground.html').is_file(), playground.STATIC)"],
+                             env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert str(venv) in shipped.stdout and "'main.js'" in shipped.stdout and "True" in shipped.stdout, shipped.stderr

@@ -1,6 +1,7 @@
 """The API key rule, checked on every route the app has (read from its router, so a route added
 later is checked too): with --api-key every route needs the key but /health, /metrics (unless
---metrics-require-key) and the API docs (only with --public-docs)."""
+--metrics-require-key), the API docs (only with --public-docs) and the playground's page and
+files, each by its name (any other path under /playground/ needs the key)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 
 import httpx
 import pytest
+from omni_core.serve import playground
 from omni_core.serve.app import create_app
 from omni_core.serve.state import ServeConfig
 
@@ -31,14 +33,21 @@ def every_route() -> list[tuple[str, str]]:
 
 
 def is_open(path: str, *, public_docs: bool, metrics_require_key: bool) -> bool:
-    return path == "/health" or (path == "/metrics" and not metrics_require_key) or (public_docs and path in DOCS)
+    return (
+        path == "/health"
+        or path in playground.PATHS
+        or (path == "/metrics" and not metrics_require_key)
+        or (public_docs and path in DOCS)
+    )
 
 
 def check_every_route(url: str, **rule: bool) -> None:
     routes = every_route()
     assert {path for _, path in routes} >= DOCS | {"/health", "/metrics", "/v1/audio/speech"}
     wrong_key = {"Authorization": "Bearer not-the-key"}
-    for method, path in [*routes, ("GET", "/no/such/route")]:
+    pages = [("GET", path) for path in sorted(playground.PATHS)]
+    assert {"/", "/playground", "/playground/main.js", "/playground/style.css"} <= playground.PATHS
+    for method, path in [*routes, *pages, ("GET", "/no/such/route"), ("GET", "/playground/no-such-file.js")]:
         without = httpx.request(method, url + path, timeout=30)
         wrong = httpx.request(method, url + path, headers=wrong_key, timeout=30)
         right = httpx.request(method, url + path, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from tests.helpers.browser import browser, keyless_page, page  # noqa: F401 - the playground's fixtures
+
 
 @pytest.fixture(scope="session")
 def omni_cache(tmp_path_factory):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.browser import browser, page  # noqa: F401 - the playground's fixtures
 from tests.helpers.hf_models import one_torch_thread  # noqa: F401 - autouse fixture
 
 LIMITS = dict(
@@ -96,12 +97,15 @@ def wav(samples: torch.Tensor, rate: int = 16000) -> bytes:
 
 
 @contextlib.contextmanager
-def tiny_server(omni_cache, workdir, *options: str):
-    """`omni serve --family qwen3-omni --preset tiny` with ``--option`` values, on loopback."""
+def tiny_server(omni_cache, workdir, *options: str, **env: str):
+    """`omni serve --family qwen3-omni --preset tiny` with ``--option`` values, on loopback;
+    ``env`` adds variables (OMNI_API_KEY)."""
     from tests.helpers.server import OmniServer
 
     args = [arg for option in options for arg in ("--option", option)]
-    proc = OmniServer("qwen3-omni", workdir, "--preset", "tiny", *args, OMNI_PLUGINS="qwen3-omni", OMNI_CACHE=str(omni_cache))
+    proc = OmniServer(
+        "qwen3-omni", workdir, "--preset", "tiny", *args, OMNI_PLUGINS="qwen3-omni", OMNI_CACHE=str(omni_cache), **env
+    )
     try:
         proc.wait_ready(timeout_s=180)
         yield proc

@@ -12,6 +12,8 @@ import pytest
 import soundfile as sf
 import soxr
 
+from tests.helpers.browser import browser, page  # noqa: F401 - the playground's fixtures
+
 SENTENCES = [
     "The weather today is sunny and warm.",
     "Please send me the report by Friday morning.",
