@@ -101,6 +101,7 @@ class Omni:
         stage_mode: str = "inproc",
         placement: dict[str, str] | None = None,
         stage_devices: dict[str, str] | None = None,
+        ray: Any = None,
         options: dict[str, Any] | None = None,
         voices_dir: str | None = None,
         limits: Limits | None = None,
@@ -137,6 +138,7 @@ class Omni:
             device=self.device,
             plugin_manager=self.plugin_manager,
             rebuild=rebuild,
+            ray=ray,  # a RayOptions for stages placed on Ray
         )
         names = ", ".join(stage.name for stage in topology.stages)
         say(f"starting {len(topology.stages)} stages on {self.device} ({stage_mode}): {names}")

@@ -11,6 +11,8 @@ import sys
 
 import click
 
+PLACEMENTS = ("inproc", "process", "ray")
+
 
 def _console():
     from rich.console import Console
@@ -71,6 +73,30 @@ def _json_or_text(value: str):
         return json.loads(value)
     except ValueError:
         return value
+
+
+def _placement_map(items: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
+    """``--placement``: ``STAGE=WHERE`` for one stage, or a bare ``inproc|process|ray`` for every
+    stage (as ``--stage-mode``); returns (that default or None, the per-stage map)."""
+    bare = [item.strip() for item in items if "=" not in item and item.strip() in PLACEMENTS]
+    per_stage = _stage_map(tuple(item for item in items if item.strip() not in bare), "--placement")
+    return (bare[-1] if bare else None), per_stage
+
+
+def _ray_options(address, strategy, stage_resources: dict[str, str]):
+    """The RayOptions of --ray-address, --ray-strategy and --stage-resources (JSON objects)."""
+    from omni_core.pipeline.ray_placement import RayOptions
+
+    resources = {}
+    for stage, text in stage_resources.items():
+        try:
+            bundle = json.loads(text)
+        except ValueError:
+            bundle = None
+        if not isinstance(bundle, dict):
+            raise ValueError(f"--stage-resources {stage}= takes a JSON object such as '{{\"CPU\": 1, \"GPU\": 1}}', got {text!r}")
+        resources[stage] = bundle
+    return RayOptions(address=address, strategy=strategy, resources=resources)
 
 
 def _stage_map(items: tuple[str, ...], option: str) -> dict[str, str]:
@@ -185,13 +211,25 @@ def _installed(kind: str) -> str:
     type=click.IntRange(min=0),
     help="Requests waiting; beyond: 429.",
 )
-@click.option("--stage-mode", type=click.Choice(["inproc", "process"]), default="inproc", show_default=True,
-              help="inproc: every stage in the server process; process: a process per stage.")
+@click.option("--stage-mode", type=click.Choice(PLACEMENTS), default="inproc", show_default=True,
+              help="inproc: every stage in the server process; process: a process per stage; ray: a Ray actor per stage.")
 @click.option(
     "--placement",
     multiple=True,
-    metavar="STAGE=inproc|process",
-    help="Where one stage runs, overriding --stage-mode for it (repeatable), e.g. --placement flow=process.",
+    metavar="[STAGE=]inproc|process|ray",
+    help="Where one stage runs, overriding --stage-mode for it (repeatable), e.g. --placement flow=process; "
+         "without STAGE=, every stage (--placement ray).",
+)
+@click.option("--ray-address", default=None,
+              help="The Ray cluster for stages placed on ray (default: RAY_ADDRESS, else a cluster on this machine).")
+@click.option("--ray-strategy", type=click.Choice(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"], case_sensitive=False),
+              default="PACK", show_default=True, help="How the placement group lays the ray stages over nodes.")
+@click.option(
+    "--stage-resources",
+    multiple=True,
+    metavar="STAGE=JSON",
+    help='The Ray resources of a ray stage (repeatable), e.g. --stage-resources llm=\'{"CPU": 2, "GPU": 1}\' '
+         "(default: 1 CPU, and 1 GPU on cuda).",
 )
 @click.option(
     "--stage-device",
@@ -258,6 +296,9 @@ def serve(
     max_queued,
     stage_mode,
     placement,
+    ray_address,
+    ray_strategy,
+    stage_resources,
     stage_device,
     family_option,
     voices_dir,
@@ -287,8 +328,12 @@ def serve(
     from omni_core.surface.checkpoints import CheckpointNotFound, resolve_checkpoint
     from omni_core.surface.inputs import Limits
     try:
-        placement_map = _stage_map(placement, "--placement")
+        every_stage, placement_map = _placement_map(placement)
+        stage_mode = every_stage or stage_mode
         stage_devices = _stage_map(stage_device, "--stage-device")
+        resources_map = _stage_map(stage_resources, "--stage-resources")
+        on_ray = stage_mode == "ray" or "ray" in placement_map.values()
+        ray_options = _ray_options(ray_address, ray_strategy, resources_map) if on_ray else None
         family_options = {key: _json_or_text(value) for key, value in _stage_map(family_option, "--option").items()}
     except ValueError as exc:
         click.echo(f"omni serve: {exc}", err=True)
@@ -327,8 +372,20 @@ def serve(
         click.echo(f"omni serve: {exc}", err=True)
         sys.exit(2)
     console.log(f"{family}: checkpoint {checkpoint}")
-    processes = stage_mode == "process" or "process" in placement_map.values()
-    problem = _check_topology(spec, checkpoint, family_options, {"--placement": placement_map, "--stage-device": stage_devices}, processes)
+    if resources_map and not on_ray:
+        click.echo("omni serve: --stage-resources applies to stages placed on ray (--placement STAGE=ray)", err=True)
+        sys.exit(2)
+    if on_ray:
+        from omni_core.pipeline.ray_placement import RayPlacementError, import_ray
+
+        try:
+            import_ray()
+        except RayPlacementError as exc:
+            click.echo(f"omni serve: {exc}", err=True)
+            sys.exit(2)
+    processes = stage_mode in ("process", "ray") or bool({"process", "ray"} & set(placement_map.values()))
+    stage_maps = {"--placement": placement_map, "--stage-device": stage_devices, "--stage-resources": resources_map}
+    problem = _check_topology(spec, checkpoint, family_options, stage_maps, processes)
     if problem:
         click.echo(f"omni serve: {problem}", err=True)
         sys.exit(2)
@@ -356,6 +413,7 @@ def serve(
             stage_mode=stage_mode,
             placement=placement_map,
             stage_devices=stage_devices,
+            ray=ray_options,
             options=family_options,
             voices_dir=voices_dir,
             limits=config.limits,

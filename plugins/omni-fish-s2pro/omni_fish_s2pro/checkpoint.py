@@ -23,6 +23,7 @@ from omni_core.models import iter_safetensors, load_weights
 
 from .config import FishConfig, load_config, token_ids
 from .fast_ar import FastAR
+from .random_weights import build_random, random_settings
 from .rotary_pairs import fused_qkv_to_halves, norm_to_halves
 from .slow_ar import SlowAR
 
@@ -46,8 +47,11 @@ _SLOW_LAYER_NAMES = {
 
 def check_layout(checkpoint_dir: str) -> None:
     root = Path(checkpoint_dir)
-    missing = [name for name in REQUIRED_FILES if not (root / name).exists()]
-    if not list(root.glob("*.safetensors")):
+    drawn = random_settings(root) is not None  # weights drawn at load: no model.safetensors, no codec.pth
+    missing = [
+        name for name in REQUIRED_FILES if not (root / name).exists() and not (drawn and name == "codec.pth")
+    ]
+    if not list(root.glob("*.safetensors")) and not drawn:
         missing.append("model.safetensors")
     if missing:
         raise FileNotFoundError(f"{root} is not an S2-Pro checkpoint: missing {', '.join(missing)}")
@@ -103,14 +107,22 @@ def fast_weights(
 
 def load_slow_ar(checkpoint_dir: str, device="cpu", dtype=torch.float32) -> SlowAR:
     cfg = load_config(str(checkpoint_dir))
-    model = SlowAR(cfg)
-    load_weights(model, slow_weights(iter_safetensors(checkpoint_dir), cfg))
+    settings = random_settings(checkpoint_dir)
+    if settings is not None:
+        model = build_random(lambda: SlowAR(cfg), device, dtype, settings)
+    else:
+        model = SlowAR(cfg)
+        load_weights(model, slow_weights(iter_safetensors(checkpoint_dir), cfg))
+        model = model.to(device=device, dtype=dtype).eval()
     model.allow_only(token_ids(str(checkpoint_dir), cfg.codebook_size))
-    return model.to(device=device, dtype=dtype).eval()
+    return model
 
 
 def load_fast_ar(checkpoint_dir: str, device="cpu", dtype=torch.float32) -> FastAR:
     cfg = load_config(str(checkpoint_dir))
+    settings = random_settings(checkpoint_dir)
+    if settings is not None:
+        return build_random(lambda: FastAR(cfg), device, dtype, settings)
     model = FastAR(cfg)
     load_weights(model, fast_weights(iter_safetensors(checkpoint_dir, FAST), cfg))
     return model.to(device=device, dtype=dtype).eval()

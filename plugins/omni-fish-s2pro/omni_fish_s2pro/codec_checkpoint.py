@@ -16,6 +16,7 @@ import torch
 
 from .codec import Codec, CodecSizes
 from .codec_layers import CausalConv1d, CausalConvTranspose1d, WindowTransformer
+from .random_weights import build_random, random_settings
 from .rotary_pairs import fused_qkv_to_halves, fused_qkv_to_interleaved
 
 FILE = "codec.pth"
@@ -58,6 +59,12 @@ def _transformers(model: Codec):
 def load_codec(
     checkpoint_dir: str | Path, device="cpu", dtype=torch.float32, sample_rate: int = 44100
 ) -> Codec:
+    settings = random_settings(checkpoint_dir)
+    if settings is not None:  # the sizes the file records (the official ones by default), weights drawn
+        sizes = CodecSizes(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in settings.get("codec", {}).items()}
+        )
+        return build_random(lambda: Codec(sizes, sample_rate), device, dtype, settings)
     state = read_state(Path(checkpoint_dir) / FILE)
     model = Codec(CodecSizes.of_state(state), sample_rate)
     for prefix, transformer in _transformers(model):

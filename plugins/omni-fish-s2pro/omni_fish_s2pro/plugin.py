@@ -23,6 +23,13 @@ def write_tiny(directory: str) -> str:
     return write(directory)
 
 
+def write_full(directory: str) -> str:
+    """The published sizes with random weights drawn on the device at load (nothing but configs written)."""
+    from .presets import write_full as write
+
+    return write(directory)
+
+
 def voices(checkpoint_dir: str) -> list[Voice]:
     """One: the model's own voice (S2-Pro has no named speakers; any other voice is cloned)."""
     return [Voice(id="default", name="default", description="the model's own voice (no reference)")]
@@ -43,7 +50,7 @@ def omni_families():
             tasks=("speech",),
             build=build,
             default_checkpoint="fishaudio/s2-pro",
-            presets={"tiny": write_tiny},
+            presets={"tiny": write_tiny, "full": write_full},
             sample_rate=44100,
             voices=voices,
             split_speech=split_speech,

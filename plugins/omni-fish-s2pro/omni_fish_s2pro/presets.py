@@ -3,6 +3,10 @@ weights: config.json (model type ``fish_qwen3_omni``), model.safetensors under t
 names (fused ``wqkv``, interleaved rotary rows), a byte-level tokenizer.json carrying S2-Pro's
 special and semantic tokens, and codec.pth (weight-normed pairs, at the official strides: 2048
 samples a frame). Its audio is noise: it exercises the runtime, not speech.
+
+The ``full`` preset: the published sizes (fishaudio/s2-pro's config.json) and a tokenizer with the
+published ids of the special and semantic tokens, its weights drawn at load on each stage's device
+(``random_weights``): for serving and measuring speed at the real sizes on a GPU.
 """
 
 from __future__ import annotations
@@ -86,13 +90,13 @@ def tiny_tokenizer():
     return tok
 
 
-def _config(tok) -> dict:
+def _config(tok, text_config: dict = TEXT_CONFIG, audio_decoder_config: dict = AUDIO_DECODER_CONFIG) -> dict:
     return dict(
         model_type="fish_qwen3_omni",
-        text_config=TEXT_CONFIG,
-        audio_decoder_config=AUDIO_DECODER_CONFIG,
+        text_config=text_config,
+        audio_decoder_config=audio_decoder_config,
         semantic_start_token_id=tok.token_to_id(SEMANTIC_TOKEN.format(0)),
-        semantic_end_token_id=tok.token_to_id(SEMANTIC_TOKEN.format(CODEBOOK_SIZE - 1)),
+        semantic_end_token_id=tok.token_to_id(SEMANTIC_TOKEN.format(audio_decoder_config["vocab_size"] - 1)),
         sample_rate=44100,
     )
 
@@ -185,6 +189,86 @@ def write_tiny(directory: str | Path, seed: int = 0) -> str:
     torch.save(official_state(tiny_codec(seed)), str(directory / FILE))
     marker.write_text(PRESET)
     return str(directory)
+
+
+FULL_PRESET = "full (revision 1)"
+_FULL_SHARED = dict(
+    dim=2560, n_head=32, n_local_heads=8, head_dim=128, intermediate_size=9728, rope_base=1000000.0, norm_eps=1e-6,
+    attention_qkv_bias=False, attention_o_bias=False,
+)  # fmt: skip
+FULL_TEXT_CONFIG = dict(
+    _FULL_SHARED,
+    vocab_size=155776,
+    n_layer=36,
+    max_seq_len=32768,
+    tie_word_embeddings=True,
+    attention_qk_norm=True,
+)
+FULL_AUDIO_DECODER_CONFIG = dict(
+    _FULL_SHARED, vocab_size=4096, num_codebooks=10, n_layer=4, attention_qk_norm=False, text_dim=2560
+)
+# the published ids: Qwen3's text tokens and its own specials (<|endoftext|> 151643, <|im_start|> 151644,
+# <|im_end|> 151645 and 23 more up to 151668), then S2-Pro's from <|pad|> 151669 to <|audio_pad|> 151677,
+# then the 4096 semantic tokens from 151678
+FULL_REGULAR_TOKENS, FULL_QWEN_SPECIALS = 151643, 26
+
+
+def full_tokenizer():
+    """A byte-level BPE (no merges) whose ids are the published ones: filler words pad the regular
+    vocabulary to Qwen3's size, so every id decodes to text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab.update(
+        {f"\u0120w{i}": i for i in range(len(vocab), FULL_REGULAR_TOKENS)}
+    )  # \u0120: the byte-level space
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    qwen = [SPECIAL_TOKENS[0], IM_START, IM_END] + [
+        f"<|reserved_{i}|>" for i in range(FULL_QWEN_SPECIALS - 3)
+    ]
+    fish = [t for t in SPECIAL_TOKENS if t not in qwen]
+    tok.add_special_tokens(qwen + fish + [SEMANTIC_TOKEN.format(i) for i in range(4096)])
+    return tok
+
+
+def write_random(
+    directory: str | Path,
+    name: str,
+    text_config: dict,
+    audio_decoder_config: dict,
+    tok,
+    codec_sizes: dict | None = None,
+    std: float = 0.02,
+    seed: int = 0,
+) -> str:
+    """A checkpoint of these sizes whose weights are drawn at load (``random_weights.json`` instead
+    of model.safetensors and codec.pth; ``codec_sizes``: the official ones when None)."""
+    from .random_weights import RANDOM_WEIGHTS
+
+    directory = Path(directory)
+    marker = directory / MARKER
+    if marker.exists() and marker.read_text() == name:
+        return str(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in [*directory.glob("*.safetensors*"), directory / "codec.pth"]:
+        stale.unlink(missing_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": IM_END, "pad_token": "<|pad|>"}, indent=2
+    ))  # fmt: skip
+    config = _config(tok, text_config, audio_decoder_config)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    settings = {"std": std, "seed": seed, "codec": codec_sizes or {}}
+    (directory / RANDOM_WEIGHTS).write_text(json.dumps(settings, indent=2))
+    marker.write_text(name)
+    return str(directory)
+
+
+def write_full(directory: str | Path) -> str:
+    return write_random(directory, FULL_PRESET, FULL_TEXT_CONFIG, FULL_AUDIO_DECODER_CONFIG, full_tokenizer())
 
 
 def describe(directory: str | Path) -> str | None:
