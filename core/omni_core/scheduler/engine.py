@@ -135,6 +135,7 @@ class AREngine:
         host_hooks = ("before_decode", "post_decode") + (() if getattr(hooks, "samples_ahead", False) else ("sample",))
         self.overlap_decode = overlap and not any(h in self.hooks for h in host_hooks)
         self.in_flight: LaunchedStep | None = None  # a decode step whose tokens are not applied yet
+        self.last_step: tuple[str, int] = ("none", 0)  # the kind of the last step and its sequences, for the step log
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None, hooks: Any = None, **config_kwargs) -> AREngine:
@@ -231,8 +232,10 @@ class AREngine:
         step in flight to finish and then run as usual.
         """
         if self.in_flight is not None:
+            self.last_step = ("decode", len(self.in_flight.seqs))
             return self._finish_in_flight()
         seqs, is_prefill = self.scheduler.schedule()
+        self.last_step = ("prefill" if is_prefill else "decode", len(seqs))
         if not seqs:
             if self.scheduler.has_runnable():
                 raise RuntimeError("the engine cannot schedule any request: the KV cache is too small")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -113,7 +114,11 @@ class EngineLoop:
             if not running or not self.engine.has_runnable():
                 continue
             try:
+                started = time.perf_counter()
                 outputs = self.engine.step()
+                if log.isEnabledFor(logging.DEBUG):  # the step timeline, for `--log-level debug`
+                    kind, count = self.engine.last_step
+                    log.debug("%s: %s of %d sequences, %.1f ms", self.thread.name, kind, count, (time.perf_counter() - started) * 1e3)
             except Exception as exc:
                 log.exception("engine step failed")
                 self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
