@@ -22,6 +22,7 @@ from .codec import Codec
 from .config import TokenIds
 from .prompt import build_prompt, reserved_in
 from .reference import REFERENCE_LIMITS
+from .text_normalize import normalize_text
 
 DEFAULT_VOICE = "default"
 REFERENCE_CACHE = 32
@@ -90,6 +91,9 @@ class Frontend:
             token = reserved_in(value)
             if token:
                 raise InvalidInput(f"{field} may not contain the control token {token!r}", field)
+        spoken = normalize_text(text)
+        if not spoken:
+            raise InvalidInput("input has nothing to speak once its emoji are dropped", "input")
         codes = None
         if payload.get("reference_audio") is not None:
             codes = self.reference_codes(payload["reference_audio"], payload.get("reference_sample_rate"))
@@ -102,8 +106,8 @@ class Frontend:
         return build_prompt(
             self.tokenizer,
             self.ids,
-            text.strip(),
-            payload.get("reference_text"),
+            spoken,
+            normalize_text(payload.get("reference_text") or ""),
             codes,
             self.codec.num_codebooks,
         )
