@@ -118,6 +118,7 @@ def chat(context, url: str) -> None:
     page.fill("#chat-input", "Good morning! What is new today?")
     page.check("#chat-speak")
     page.fill("#chat-max-tokens", "60")
+    page.fill("#chat-seed", "7")
     page.click("#chat-send")
     page.wait_for_selector("#chat-log li.assistant[data-state=played]", state="attached", timeout=WAIT_MS)
     page.wait_for_function("[...document.querySelectorAll('#chat-log audio')].every(a => a.duration > 0)")

@@ -37,6 +37,7 @@ def test_chat_reply_with_audio_plays_and_the_conversation_goes_on(server, page):
     page.page.check("#chat-speak")
     page.page.select_option("#chat-voice", "chelsie")
     page.page.fill("#chat-max-tokens", "8")
+    page.page.fill("#chat-seed", "7")  # random weights, drawn the same way on every run
     page.page.click("#chat-send")
     reply = page.page.wait_for_selector(
         "#chat-log li.assistant[data-state=played]", state="attached", timeout=60_000
@@ -45,7 +46,11 @@ def test_chat_reply_with_audio_plays_and_the_conversation_goes_on(server, page):
     assert result["sampleRate"] == "24000" and int(result["samples"]) > 0
     assert float(result["playedSeconds"]) >= int(result["samples"]) / 24000 - 0.01
     assert reply.query_selector("audio") is not None and reply.inner_text().strip()
-    assert sent[0]["audio"] == {"format": "wav", "voice": "chelsie"} and sent[0]["max_tokens"] == 8
+    assert (
+        sent[0]["audio"] == {"format": "wav", "voice": "chelsie"}
+        and sent[0]["max_tokens"] == 8
+        and sent[0]["seed"] == 7
+    )
 
     page.page.fill("#chat-input", "And then?")
     page.page.uncheck("#chat-speak")

@@ -39,6 +39,8 @@ export function setupChat(server) {
     const body = { model: server.model, messages: [...history, turn], stream: true };
     const maxTokens = $("#chat-max-tokens").value;
     if (maxTokens !== "") body.max_tokens = Number(maxTokens);
+    const seed = $("#chat-seed").value;
+    if (seed !== "") body.seed = Number(seed);
     if ($("#chat-speak").checked) {
       body.modalities = ["text", "audio"];
       body.audio = { format: "wav" };
