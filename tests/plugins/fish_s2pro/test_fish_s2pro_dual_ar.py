@@ -91,17 +91,17 @@ def test_frames_alone_equal_frames_batched_with_seven_others(tiny_dir):
 
 def test_sampled_frames_repeat_with_the_seed_and_stay_in_range(tiny_dir):
     payload = {**_payloads(tiny_dir)[0], "sampling": {"temperature": 0.9, "top_k": 20}}
-    first = _run(_worker(tiny_dir), {"a": payload, "b": {**payload, "seed": 7}})
-    again = _run(_worker(tiny_dir), {"a": payload})
+    first = _run(_worker(tiny_dir, max_new_tokens=12), {"a": payload, "b": {**payload, "seed": 7}})
+    again = _run(_worker(tiny_dir, max_new_tokens=12), {"a": payload})
     assert torch.equal(first["a"], again["a"]) and not torch.equal(first["a"], first["b"][: len(first["a"])])
     assert int(first["a"].min()) >= 0 and int(first["a"].max()) < 64
 
 
 def test_preempted_requests_recompute_the_same_frames(tiny_dir):
     payloads = {f"r{i}": p for i, p in enumerate(_payloads(tiny_dir))}
-    roomy = _run(_worker(tiny_dir, max_new_tokens=32), payloads)
+    roomy = _run(_worker(tiny_dir, max_new_tokens=20), payloads)
     # so few KV blocks that the engine preempts and later recomputes requests
-    tight = _worker(tiny_dir, max_new_tokens=32, num_kv_blocks=40)
+    tight = _worker(tiny_dir, max_new_tokens=20, num_kv_blocks=40)
     squeezed = _run(tight, payloads)
     assert tight.engine.stats()["preemptions"] > 0
     for rid in payloads:
