@@ -10,6 +10,7 @@ are reordered for the core's rotary (``rotary_pairs``).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from .random_weights import build_random, random_settings
 from .rotary_pairs import fused_qkv_to_halves, fused_qkv_to_interleaved
 
 FILE = "codec.pth"
+log = logging.getLogger("omni.fish_s2pro")
 _NEW_NORM = (".parametrizations.weight.original0", ".parametrizations.weight.original1")
 _OLD_NORM = (".weight_g", ".weight_v")
 
@@ -75,11 +77,18 @@ def load_codec(
     expected = dict(model.state_dict())
     unexpected = sorted(set(state) - set(expected))
     missing = sorted(set(expected) - set(state))
-    if unexpected or missing:
+    if missing:
         raise ValueError(
             f"{FILE} does not match the codec: missing {missing[:8]}, unexpected {unexpected[:8]}"
         )
-    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+    if unexpected:  # training-only parts, which the reference's loader skips too (it loads non-strictly)
+        log.warning(
+            "%s: ignoring %d tensors the decoder and encoder do not use, e.g. %s",
+            FILE,
+            len(unexpected),
+            unexpected[:4],
+        )
+    model.load_state_dict({k: state[k].to(v.dtype) for k, v in expected.items()})
     return model.to(device=device, dtype=dtype).eval()
 
 
