@@ -40,7 +40,10 @@ def test_codec_pth_is_weight_normed_and_loads_back_the_same_model(tiny_dir, code
 
 def test_codec_pth_under_a_training_wrapper_loads_and_a_missing_tensor_is_named(tiny_dir, codec, tmp_path):
     raw = torch.load(f"{tiny_dir}/{FILE}", weights_only=True)
-    extra = {"discriminator.conv.weight": torch.zeros(2), "generator.quantizer.distill.weight": torch.zeros(2)}
+    extra = {
+        "discriminator.conv.weight": torch.zeros(2),
+        "generator.quantizer.distill.weight": torch.zeros(2),
+    }
     wrapped = {f"generator.{k}": v for k, v in raw.items()} | extra  # a tensor the codec lacks is skipped
     torch.save({"state_dict": wrapped}, tmp_path / FILE)
     again = load_codec(tmp_path)
