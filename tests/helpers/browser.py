@@ -2,9 +2,10 @@
 launched by its path: Playwright's own browser downloads cannot run here), with a fake microphone
 and autoplay allowed, so recording and Web Audio playback run as they do for a user.
 
-Test modules import the fixtures (``from tests.helpers.browser import browser, page``); they skip,
-saying what to install, where Playwright or Chromium is missing (``scripts/setup.sh --test``
-installs both).
+Test modules call ``skip_without_browser()`` first (so that no server starts for tests that will
+skip) and use the fixtures, which their folder's conftest imports (``from tests.helpers.browser
+import browser, page``). They skip, saying what to install, where Playwright or Chromium is
+missing (``scripts/setup.sh --test`` installs both).
 """
 
 from __future__ import annotations
@@ -29,14 +30,27 @@ def launch(playwright):
     return playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_FLAGS)
 
 
+def skip_without_browser() -> None:
+    """Skips the calling test module, or the test, where Playwright or Chromium is missing."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip(
+            "Playwright is not installed (bash scripts/setup.sh --test installs it)", allow_module_level=True
+        )
+    if chromium_path() is None:
+        pytest.skip(
+            "Chromium is not installed (bash scripts/setup.sh --test installs Debian's chromium)",
+            allow_module_level=True,
+        )
+
+
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="Playwright is not installed (bash scripts/setup.sh --test installs it)"
-    )
-    if chromium_path() is None:
-        pytest.skip("Chromium is not installed (bash scripts/setup.sh --test installs Debian's chromium)")
-    with sync_api.sync_playwright() as playwright:
+    skip_without_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
         browser = launch(playwright)
         yield browser
         browser.close()

@@ -9,10 +9,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.helpers.browser import API_KEY
+from tests.helpers.browser import API_KEY, skip_without_browser
 from tests.helpers.server import OmniServer
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+skip_without_browser()  # before any server starts
 
 
 @pytest.fixture(scope="module")

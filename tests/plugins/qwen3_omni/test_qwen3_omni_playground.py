@@ -9,11 +9,13 @@ import json
 
 import pytest
 
-from tests.helpers.browser import API_KEY
+from tests.helpers.browser import API_KEY, skip_without_browser
 
 from .conftest import tiny_server
 
 SPEECH = ("talker_temperature=0", "talker_max_tokens=40", "max_model_len=1024")
+
+skip_without_browser()  # before any server starts
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,12 @@ import re
 import httpx
 import pytest
 
-from tests.helpers.browser import API_KEY
+from tests.helpers.browser import API_KEY, skip_without_browser
 from tests.helpers.server import OmniServer
 
 SENTENCE = 5  # "We are going to the park this afternoon."
+
+skip_without_browser()  # before any server starts
 
 
 @pytest.fixture(scope="module")
