@@ -6,8 +6,13 @@ these tests check what the page does with it, not how it sounds."""
 
 from __future__ import annotations
 
+import base64
+import io
+import json
+
 import httpx
 import pytest
+import soundfile as sf
 
 from tests.helpers.browser import API_KEY, skip_without_browser
 from tests.helpers.server import OmniServer
@@ -39,6 +44,24 @@ def server(tiny_dir, omni_cache, tmp_path_factory):
     proc.wait_ready()
     yield proc.url
     proc.stop()
+
+
+def speech_requests(page) -> list[dict]:
+    """The bodies of the speech requests the page sends from now on."""
+    sent: list[dict] = []
+    page.page.on(
+        "request", lambda r: r.url.endswith("/v1/audio/speech") and sent.append(json.loads(r.post_data))
+    )
+    return sent
+
+
+def received(page) -> None:
+    """Waits until the whole reply has arrived (and is playing): the streaming test checks that
+    it plays to its end, the others need not wait for that in real time."""
+    page.page.wait_for_selector(
+        "#speech-result[data-state=done], #speech-result[data-state=played]", state="attached", timeout=60_000
+    )
+    assert int(page.data("#speech-result")["samples"]) > 0
 
 
 def test_key_entered_once_is_kept_for_the_session(server, keyless_page):
@@ -91,6 +114,7 @@ def test_speech_plays_through_web_audio_as_it_streams(server, page):
 
 def test_whole_file_formats_play_once_decoded(server, page):
     page.open(server)
+    page.page.fill("#speech-input", "Hello there!")  # short: it plays in real time
     page.page.select_option("#speech-format", "flac")
     page.page.click("#speech-play")
     page.page.wait_for_selector("#speech-result[data-state=played]", state="attached", timeout=60_000)
@@ -135,8 +159,10 @@ def test_saved_voice_appears_in_the_picker_speaks_and_is_deleted(server, page, r
 
     page.page.click("#tab-speech")
     page.page.select_option("#speech-voice", saved["id"])
+    sent = speech_requests(page)
     page.page.click("#speech-play")
-    page.page.wait_for_selector("#speech-result[data-state=played]", state="attached", timeout=60_000)
+    received(page)
+    assert sent[-1]["voice"] == saved["id"]
 
     page.page.click("#tab-voices")
     page.page.click("#voices-list li:has-text('narrator') button.delete")
@@ -159,7 +185,10 @@ def test_clone_from_a_microphone_recording(server, page):
     note = page.page.inner_text("#speech-reference .audio-note")
     assert note.startswith("recorded ") and float(note.split()[1]) >= 1.0, note
     page.page.fill("#speech-reference-text", "A tone from the fake microphone.")
+    sent = speech_requests(page)
     page.page.click("#speech-play")
-    page.page.wait_for_selector("#speech-result[data-state=played]", state="attached", timeout=60_000)
-    assert int(page.data("#speech-result")["samples"]) > 0
+    received(page)
+    assert "voice" not in sent[-1] and sent[-1]["reference_text"] == "A tone from the fake microphone."
+    recording, rate = sf.read(io.BytesIO(base64.b64decode(sent[-1]["reference_audio"])))
+    assert len(recording) / rate >= 1.0 and abs(recording).max() > 0.01  # the tone, as a wav
     assert page.errors == []
