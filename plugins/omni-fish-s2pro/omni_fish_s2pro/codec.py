@@ -219,13 +219,13 @@ class Quantizer(nn.Module):
             residual = residual - decoded
         return torch.stack(out, dim=1)
 
-    def latents(self, codes: torch.Tensor, cache: WindowCache | None = None) -> torch.Tensor:
-        """codes [B, 1 + n_codebooks, n] -> ``post_module``'s output [B, D, n] (``cache``: a stream's past)."""
+    def latents(self, codes: torch.Tensor, caches: list[WindowCache] | None = None) -> torch.Tensor:
+        """codes [B, 1 + n_codebooks, n] -> ``post_module``'s output [B, D, n] (``caches``: each row's stream)."""
         semantic = self.semantic_quantizer.quantizers[0]
         z = semantic.decode(codes[:, 0].clamp(max=semantic.codebook.num_embeddings - 1))
         for i, book in enumerate(self.quantizer.quantizers):
             z = z + book.decode(codes[:, i + 1].clamp(max=book.codebook.num_embeddings - 1))
-        return self.post_module(z, cache)
+        return self.post_module(z, caches)
 
 
 class Codec(nn.Module):

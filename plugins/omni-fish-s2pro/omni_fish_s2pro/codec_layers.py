@@ -117,6 +117,10 @@ class WindowCache:
     layers: list = field(default_factory=list)  # (k, v) [B, kept, heads, d] per layer
 
 
+def kept_positions(cache: WindowCache | None) -> int:
+    return cache.layers[0][0].shape[1] if cache is not None and cache.layers else 0
+
+
 class WindowAttention(nn.Module):
     def __init__(self, dim: int, heads: int, head_dim: int):
         super().__init__()
@@ -196,26 +200,34 @@ class WindowTransformer(nn.Module):
         )
         self.norm = RMSNorm(dim, eps)
 
-    def forward(self, x: torch.Tensor, cache: WindowCache | None = None) -> torch.Tensor:
-        """x [B, D, n] -> [B, D, n]; ``cache`` holds the positions before these and is updated."""
-        n = x.shape[-1]
-        seen = cache.seen if cache is not None else 0
-        pasts = cache.layers if cache is not None and cache.layers else [None] * len(self.layers)
-        kept = 0 if pasts[0] is None else pasts[0][0].shape[1]
-        positions = torch.arange(seen, seen + n, device=x.device)
-        keys = torch.arange(seen - kept, seen + n, device=x.device)
-        gap = positions[:, None] - keys[None, :]
-        mask = (gap >= 0) & (gap < self.window)
+    def forward(self, x: torch.Tensor, caches: list[WindowCache] | None = None) -> torch.Tensor:
+        """x [B, D, n] -> [B, D, n]. ``caches`` (one a row) hold the positions before these and are
+        updated; their rows must keep as many positions each (``kept``)."""
+        b, n = x.shape[0], x.shape[-1]
+        caches = caches or [None] * b
+        kept = kept_positions(caches[0])
+        if any(kept_positions(c) != kept for c in caches):
+            raise ValueError("rows decoded together must keep as many past positions")
+        seen = torch.tensor([c.seen if c is not None else 0 for c in caches], device=x.device)
+        positions = (seen[:, None] + torch.arange(n, device=x.device)).reshape(-1)
+        gap = (kept + torch.arange(n, device=x.device))[:, None] - torch.arange(kept + n, device=x.device)[
+            None, :
+        ]
+        mask = (gap >= 0) & (
+            gap < self.window
+        )  # the same for every row: their keys are their own last positions
         h = x.transpose(1, 2)
-        rope = rotary_at(positions.repeat(h.shape[0]), self.head_dim, self.rope_base, h.dtype)
-        new_pasts = []
-        for layer, past in zip(self.layers, pasts, strict=True):
+        rope = rotary_at(positions, self.head_dim, self.rope_base, h.dtype)
+        for i, layer in enumerate(self.layers):
+            past = None
+            if kept:
+                past = tuple(torch.cat([c.layers[i][j] for c in caches]) for j in (0, 1))
             h, (k, v) = layer(h, rope, past, mask)
-            new_pasts.append(
-                (k[:, -(self.window - 1) :], v[:, -(self.window - 1) :])
-                if self.window > 1
-                else (k[:, :0], v[:, :0])
-            )
-        if cache is not None:
-            cache.seen, cache.layers = seen + n, new_pasts
+            for row, cache in enumerate(caches):
+                if cache is not None:
+                    last = k.shape[1] - min(k.shape[1], self.window - 1)
+                    cache.layers[i : i + 1] = [(k[row : row + 1, last:], v[row : row + 1, last:])]
+        for cache in caches:
+            if cache is not None:
+                cache.seen += n
         return self.norm(h).transpose(1, 2)

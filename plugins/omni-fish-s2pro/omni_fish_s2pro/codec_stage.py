@@ -4,18 +4,20 @@ A request's first chunk is decoded once ``first_chunk`` frames have come; after 
 due once as many new frames have come as were decoded so far, up to ``chunk`` (each chunk is
 made while the audio before it plays); the rest goes at the end. Each request decodes through
 its own ``CodecStream``, which continues the codec's state from the chunk before (its audio
-joined equals the whole decode).
+joined equals the whole decode); requests whose chunks have the same shape (frames, kept
+positions, context) decode in one batch.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
 from omni_core.scheduler.applied_messages import AppliedMessages
 
 from .codec import Codec
-from .codec_stream import DEFAULT_LEFT_CONTEXT, CodecStream
+from .codec_stream import DEFAULT_LEFT_CONTEXT, CodecStream, decode_together
 
 
 @dataclass
@@ -64,18 +66,28 @@ class CodecWorker:
             elif message.request_id not in self.requests:  # released meanwhile
                 continue
             touched[message.request_id] = self.requests[message.request_id]
-        for rid, state in touched.items():
-            if state.ended or state.waiting >= self.chunking.due(state.decoded):
-                self._decode(rid, state, emit)
+        due = [
+            (rid, state)
+            for rid, state in touched.items()
+            if state.ended or state.waiting >= self.chunking.due(state.decoded)
+        ]
+        self._decode(due, emit)
 
-    def _decode(self, rid: str, state: Decoding, emit) -> None:
-        codes = torch.cat(state.pending).to(self.device)
-        samples = state.stream.decode(codes.T).float().cpu()
-        state.pending, state.decoded, state.waiting = [], state.decoded + state.waiting, 0
-        if samples.numel() or state.ended:
-            emit(rid, "audio", {"audio": samples}, end=state.ended)
-        if state.ended:
-            self.release(rid)
+    def _decode(self, jobs: list[tuple[str, Decoding]], emit) -> None:
+        """The due requests' pending frames, those of equal shapes in one batch."""
+        groups: dict[tuple, list[tuple[str, Decoding, torch.Tensor]]] = defaultdict(list)
+        for rid, state in jobs:
+            codes = torch.cat(state.pending).to(self.device).T
+            groups[state.stream.shape_key(codes.shape[-1])].append((rid, state, codes))
+        for rows in groups.values():
+            audio = decode_together([state.stream for _, state, _ in rows], [codes for _, _, codes in rows])
+            for (rid, state, _), samples in zip(rows, audio, strict=True):
+                state.pending, state.decoded, state.waiting = [], state.decoded + state.waiting, 0
+                samples = samples.float().cpu()
+                if samples.numel() or state.ended:
+                    emit(rid, "audio", {"audio": samples}, end=state.ended)
+                if state.ended:
+                    self.release(rid)
 
     def release(self, request_id: str) -> None:
         self.requests.pop(request_id, None)

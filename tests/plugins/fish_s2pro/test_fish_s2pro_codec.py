@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from omni_fish_s2pro.codec_checkpoint import FILE, load_codec, official_state, read_state
-from omni_fish_s2pro.codec_stream import CodecStream
+from omni_fish_s2pro.codec_stream import CodecStream, decode_together
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,21 @@ def test_streamed_decode_joined_equals_the_whole_decode(codec, chunks):
     joined = torch.cat(parts)
     assert joined.shape == whole.shape
     torch.testing.assert_close(joined, whole, atol=1e-5, rtol=0)
+
+
+def test_streams_decoded_together_equal_each_decoded_alone(codec):
+    histories = [_codes(codec, 5, seed=s) for s in (4, 5, 6)]
+    nexts = [_codes(codec, 4, seed=s) for s in (7, 8, 9)]
+    alone, together = [], [CodecStream(codec) for _ in histories]
+    for history, following in zip(histories, nexts, strict=True):
+        stream = CodecStream(codec)
+        stream.decode(history)
+        alone.append(stream.decode(following))
+    decode_together(together, histories)  # different codes, the same shapes: one batch
+    for got, expected in zip(decode_together(together, nexts), alone, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="equal chunks"):
+        decode_together([CodecStream(codec), together[0]], nexts[:2])
 
 
 def test_too_little_left_context_is_not_the_whole_decode(codec):

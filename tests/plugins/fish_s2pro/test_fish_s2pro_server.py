@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -160,6 +161,17 @@ def test_a_reference_too_short_or_long_is_refused_naming_the_limits(client, serv
         refused.status_code == 400
         and f"{LIMITS}; this one lasts {seconds:.2f} s" in refused.json()["error"]["message"]
     )
+
+
+def test_concurrent_requests_batch_and_each_matches_its_audio_alone(client):
+    texts = [f"Request number {i} speaks." for i in range(6)]
+    with ThreadPoolExecutor(len(texts)) as pool:
+        together = list(
+            pool.map(lambda i: _speak(client, input=texts[i], extra_body={"seed": 20 + i}), range(len(texts)))
+        )
+    for i in (0, 3):
+        assert _close(_speak(client, input=texts[i], extra_body={"seed": 20 + i}), together[i])
+    assert not _close(together[0][: len(together[1])], together[1][: len(together[0])])
 
 
 def test_long_text_is_spoken_in_segments_joined_in_order(client):
