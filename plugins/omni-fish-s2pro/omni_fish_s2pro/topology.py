@@ -14,12 +14,13 @@ from omni_core.hooks import number_option, warn_random_weights
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.platforms import platform_for
 from omni_core.scheduler.engine import EngineConfig
+from omni_core.scheduler.sampling_params import SamplingParams
 
 from .checkpoint import check_layout, load_fast_ar, load_slow_ar
 from .codec_checkpoint import load_codec
 from .codec_stage import Chunking, CodecWorker
 from .config import load_config, load_tokenizer, token_ids
-from .dual_ar_stage import DualARWorker
+from .dual_ar_stage import DEFAULT_SAMPLING, DualARWorker
 from .frontend import Frontend, FrontendWorker
 from .presets import describe
 
@@ -88,6 +89,10 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
         for key, kind in (("temperature", float), ("top_p", float), ("top_k", int))
         if key in options
     }
+    try:  # refused at start-up, not on every request
+        SamplingParams(**{**DEFAULT_SAMPLING, **sampling})
+    except ValueError as e:
+        raise ValueError(f"fish-s2pro: option {e}") from None
     chunking = dict(
         first_chunk=number_option(options, "audio_first_chunk", 4),
         chunk=number_option(options, "audio_chunk", 32),
