@@ -15,7 +15,7 @@ from .codec import Codec
 from .codec_layers import WindowCache, kept_positions
 
 # frames of latents decoded again before each chunk: the upsamplings' and the decoder's causal
-# convolutions reach about 7 frames back at the official strides and kernels
+# convolutions reach about 6 frames back at the official strides and kernels (6 decode exactly, 4 do not)
 DEFAULT_LEFT_CONTEXT = 8
 
 
