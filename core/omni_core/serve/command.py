@@ -266,6 +266,9 @@ def _installed(kind: str) -> str:
 @click.option("--request-timeout", default=600.0, show_default=True, type=_FiniteRange(min=0),
               help="Seconds a request may run once it has arrived, queue included; then it is stopped in every "
                    "stage (504, or an error event in a stream). 0: no limit. X-Request-Timeout asks for less.")
+@click.option("--socket-idle-timeout", default=60.0, show_default=True, type=_FiniteRange(min=0),
+              help="Seconds a WebSocket (/v1/audio/speech/stream) may go without a client message "
+                   "while nothing of it runs; then it gets an error event and is closed. 0: no limit.")
 @click.option("--max-connections", default=512, show_default=True, type=click.IntRange(min=1),
               help="Connections open at once; a new one past it gets 503 and is closed.")
 @click.option(
@@ -308,6 +311,7 @@ def serve(
     max_audio_seconds,
     receive_timeout,
     request_timeout,
+    socket_idle_timeout,
     max_connections,
     drain_seconds,
     log_level,
@@ -403,6 +407,7 @@ def serve(
         public_docs=public_docs,
         metrics_require_key=metrics_require_key,
         request_timeout_s=request_timeout or None,
+        socket_idle_timeout_s=socket_idle_timeout or None,
     )
 
     def load():

@@ -73,6 +73,12 @@ def limited_protocol(receive_timeout_s: float, max_connections: int) -> type[H11
             if self._received_whole():
                 self._disarm()
 
+        def handle_websocket_upgrade(self, event) -> None:
+            # the connection is the WebSocket protocol's from here (with its own idle timeout):
+            # this timer would otherwise close it mid-session
+            self._disarm()
+            super().handle_websocket_upgrade(event)
+
         def on_response_complete(self) -> None:
             self._arm()  # for the next request (a pipelined one may arrive whole right away)
             super().on_response_complete()

@@ -32,6 +32,7 @@ class ServeConfig:
     public_docs: bool = False  # /openapi.json, /docs, /redoc without the API key
     metrics_require_key: bool = False  # /metrics behind the API key too
     request_timeout_s: float | None = 600.0  # the longest a request may run (None: no limit)
+    socket_idle_timeout_s: float | None = 60.0  # a WebSocket with no message and no work for this long closes
 
 
 class Slot:

@@ -1,0 +1,228 @@
+"""What every WebSocket endpoint shares: the API key (as the HTTP API takes it, or in OpenAI's
+subprotocol form), one admission slot held while the socket is open, the requests it runs
+(aborted in every stage when it closes), an idle timeout, and error events in OpenAI's shape.
+
+A socket counts as one running request for admission (``--max-running``, ``--max-queued``):
+its turns or sentences run one at a time inside it, so the limits still bound the work the
+pipeline sees. A refused handshake is answered with the HTTP API's own error (401, 429, 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from fastapi import WebSocket
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from omni_core.pipeline import RequestFailed
+from omni_core.serve.errors import APIError, from_invalid_input
+from omni_core.serve.exceptions import InvalidInput
+from omni_core.serve.state import ServerState, Slot
+from omni_core.serve.streaming import stage_failure
+
+log = logging.getLogger("omni.serve")
+
+# OpenAI's browser form: the key rides in Sec-WebSocket-Protocol, beside the "realtime" protocol
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+MAX_MESSAGE_BYTES = 16 * 2**20  # a text frame is parsed whole: a bound on one message
+QUEUE_WAIT_S = 30.0  # the longest a handshake waits in the admission queue
+
+
+class SocketClosed(Exception):
+    """The client closed the socket (or it was closed for it)."""
+
+
+def error_event(
+    message: str,
+    code: str,
+    *,
+    param: str | None = None,
+    kind: str = "invalid_request_error",
+    event_id: str | None = None,
+) -> dict:
+    return {
+        "type": "error",
+        "event_id": new_id("event"),
+        "error": {"type": kind, "code": code, "message": message, "param": param, "event_id": event_id},
+    }
+
+
+def error_event_of(exc: Exception, event_id: str | None = None) -> dict:
+    """The error event of a refused message or a failed request (as the HTTP API would answer)."""
+    if isinstance(exc, InvalidInput):
+        exc = from_invalid_input(exc)
+    elif isinstance(exc, RequestFailed):
+        exc = stage_failure(exc)
+    if isinstance(exc, APIError):
+        return error_event(
+            exc.message, exc.code or "invalid_request", param=exc.param, kind=exc.type, event_id=event_id
+        )
+    return error_event(f"{type(exc).__name__}: {exc}", "server_error", kind="server_error", event_id=event_id)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def _offered_key(websocket: WebSocket) -> tuple[str | None, list[str]]:
+    """The key the client sent (bearer header or subprotocol) and its other subprotocols."""
+    header = websocket.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    key = token.strip() if scheme.lower() == "bearer" else None
+    others = []
+    for protocol in websocket.scope.get("subprotocols", []):
+        if protocol.startswith(KEY_SUBPROTOCOL):
+            key = key or protocol[len(KEY_SUBPROTOCOL) :]
+        else:
+            others.append(protocol)
+    return key, others
+
+
+class Socket:
+    """An accepted WebSocket with its admission slot: ``open`` accepts it (or answers the
+    handshake with the HTTP error), ``receive_json`` waits for the next client message within the
+    idle timeout, ``send`` writes an event, ``track`` registers a request to abort on close, and
+    ``close`` frees everything (once, however the socket ends)."""
+
+    def __init__(self, websocket: WebSocket, state: ServerState, endpoint: str):
+        self.websocket = websocket
+        self.state = state
+        self.endpoint = endpoint
+        self.slot: Slot | None = None
+        self.handles: set[Any] = set()
+        self.idle_s = state.config.socket_idle_timeout_s
+        self._last_activity = time.monotonic()
+        self._send_lock = asyncio.Lock()
+
+    async def open(self) -> bool:
+        """Checks the key and takes an admission slot, then accepts; False (the handshake refused
+        with the HTTP API's error) when either fails."""
+        key, protocols = _offered_key(self.websocket)
+        try:
+            expected = self.state.config.api_key
+            if expected and (key is None or not hmac.compare_digest(key.encode(), expected.encode())):
+                raise APIError(
+                    401,
+                    "Incorrect or missing API key: send 'Authorization: Bearer <key>' or the "
+                    f"subprotocol '{KEY_SUBPROTOCOL}<key>'",
+                    code="invalid_api_key",
+                )
+            self.slot = await self._admit()
+        except APIError as exc:
+            await self.websocket.send_denial_response(exc.response())
+            return False
+        # a client that offered protocols expects one chosen (OpenAI's browser form offers "realtime")
+        await self.websocket.accept(subprotocol=protocols[0] if protocols else None)
+        self.state.metrics.requests.labels(self.endpoint, "101").inc()
+        return True
+
+    async def _admit(self) -> Slot:
+        self.state.ready_omni()
+        acquiring = asyncio.ensure_future(self.state.admission.acquire())
+        try:
+            await asyncio.wait_for(asyncio.shield(acquiring), QUEUE_WAIT_S)
+        except TimeoutError:
+            await self.state._give_up(acquiring, self.endpoint, self.state.metrics.timed_out)
+            raise APIError(
+                503,
+                "the server is busy: no session slot came free",
+                type="server_error",
+                code="server_busy",
+                headers={"Retry-After": "5"},
+            ) from None
+        except asyncio.CancelledError:
+            await self.state._give_up(acquiring, self.endpoint, self.state.metrics.aborted)
+            raise
+        return Slot(self.state, self.endpoint)
+
+    def track(self, handle: Any) -> Any:
+        self.handles.add(handle)
+        self.state.in_flight.add(handle)
+        return handle
+
+    def done_with(self, handle: Any) -> None:
+        """Forgets a request that ended; one that did not is aborted in every stage."""
+        self.handles.discard(handle)
+        self.state.in_flight.discard(handle)
+        if not handle.done:
+            handle.abort()
+            self.state.metrics.aborted.labels(self.endpoint).inc()
+        self.touch()
+
+    def touch(self) -> None:
+        self._last_activity = time.monotonic()
+
+    async def receive_json(self, busy=lambda: False) -> tuple[dict | None, str | None]:
+        """The next client message as (event, None), or (None, why it is refused) for a message
+        that is not a JSON object. Raises ``SocketClosed`` when the client leaves or after
+        ``idle_s`` with no message while ``busy()`` is false (the client is told first)."""
+        while True:
+            wait = self.idle_s - (time.monotonic() - self._last_activity) if self.idle_s else None
+            try:
+                message = await asyncio.wait_for(
+                    self.websocket.receive(), timeout=max(wait, 0.01) if wait else None
+                )
+            except TimeoutError:
+                if busy():
+                    self.touch()
+                    continue
+                await self.send(
+                    error_event(
+                        f"no message for {self.idle_s:g} s: the socket is closed",
+                        "idle_timeout",
+                        kind="timeout_error",
+                    )
+                )
+                await self._close_socket(1000, "idle timeout")
+                raise SocketClosed() from None
+            if message["type"] == "websocket.disconnect":
+                raise SocketClosed()
+            self.touch()
+            text = message.get("text")
+            if text is None:
+                return None, "send events as JSON text frames, not binary frames"
+            if len(text) > MAX_MESSAGE_BYTES:
+                return None, f"a message may be at most {MAX_MESSAGE_BYTES} bytes"
+            try:
+                event = json.loads(text)
+            except ValueError as exc:
+                return None, f"the message is not JSON: {exc}"
+            if not isinstance(event, dict):
+                return None, "an event is a JSON object with a 'type'"
+            return event, None
+
+    async def send(self, event: dict | bytes) -> None:
+        """Writes an event (a dict as JSON text, bytes as a binary frame); ``SocketClosed`` when
+        the client has gone."""
+        if self.websocket.application_state != WebSocketState.CONNECTED:
+            raise SocketClosed()
+        async with self._send_lock:
+            try:
+                if isinstance(event, bytes):
+                    await self.websocket.send_bytes(event)
+                else:
+                    await self.websocket.send_text(json.dumps(event))
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                raise SocketClosed() from None
+
+    async def _close_socket(self, code: int, reason: str) -> None:
+        if self.websocket.application_state == WebSocketState.CONNECTED:
+            try:
+                await self.websocket.close(code, reason)
+            except (RuntimeError, OSError):
+                pass
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """Aborts every request still running, gives the slot back and closes the socket."""
+        for handle in list(self.handles):
+            self.done_with(handle)
+        if self.slot is not None:
+            slot, self.slot = self.slot, None
+            await slot.release()
+        await self._close_socket(code, reason)

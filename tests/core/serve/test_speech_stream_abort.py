@@ -1,0 +1,50 @@
+"""A client that leaves /v1/audio/speech/stream mid-sentence: the sentence's request is aborted
+in every stage. The test family with slow steps (a 300-character piece takes 25 steps of
+400 ms) makes the difference between an abort and a request left to finish plain."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from websockets.sync.client import connect
+
+from tests.core.serve.server import API_KEY, ServerProcess, metric
+
+ENDPOINT = "/v1/audio/speech/stream"
+
+
+@pytest.fixture(scope="module")
+def slow_server(testfamily_site, tmp_path_factory):
+    proc = ServerProcess(
+        testfamily_site, tmp_path_factory.mktemp("stream-abort"), "--api-key", API_KEY, step_ms=400
+    )
+    try:
+        yield proc.wait_ready()
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
+def _busy(url: str) -> float:
+    return metric(url, "omni_running_requests") + sum(
+        metric(url, "omni_stage_requests", stage=s) for s in ("frontend", "tts", "listener")
+    )
+
+
+def test_leaving_mid_sentence_aborts_it_in_every_stage(slow_server):
+    url = slow_server.url
+    with connect(
+        url.replace("http://", "ws://") + ENDPOINT, additional_headers={"Authorization": f"Bearer {API_KEY}"}
+    ) as ws:
+        ws.send(json.dumps({"type": "config", "model": "testfamily", "voice": "alloy"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        ws.send(json.dumps({"type": "text", "text": "many words " * 30}))  # no end: cut at 300 characters
+        assert json.loads(ws.recv(timeout=30))["type"] == "sentence.start"
+        assert isinstance(ws.recv(timeout=30), bytes)
+        assert _busy(url) > 0
+    deadline = time.monotonic() + 5  # well before the 10 s the piece would take to finish
+    while _busy(url) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _busy(url) == 0, slow_server.log()
+    assert metric(url, "omni_requests_aborted_total", endpoint=ENDPOINT) == 1
