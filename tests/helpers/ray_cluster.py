@@ -125,3 +125,37 @@ def _address(hex_address: str) -> str:
         return ".".join(str(b) for b in bytes.fromhex(host)[::-1])
     words = [bytes.fromhex(host[i : i + 8])[::-1].hex() for i in range(0, 32, 8)]
     return "".join(words)
+
+
+def settled(check, timeout_s: float = 10.0):
+    """``check()`` once it is falsy (an empty list...), or its last value after ``timeout_s``: the
+    cluster's tables record an actor's death or a group's removal a moment after it happened."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if not value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
+def death_causes(pids: list[int]) -> dict[int, str]:
+    """pid -> why the actor of that pid died, as Ray recorded it (``RAY_KILL``: ``ray.kill``,
+    which shutdown calls, or ``REF_DELETED`` when its handle was dropped first; ``OWNER_DIED``:
+    its runtime was gone first)."""
+    import ray._private.state
+
+    causes = {}
+    for actor in ray._private.state.actors().values():
+        if actor["Pid"] in pids:
+            text = str(actor["DeathCause"])
+            causes[actor["Pid"]] = next(
+                (
+                    r
+                    for r in ("RAY_KILL", "REF_DELETED", "OWNER_DIED", "WORKER_DIED", "NODE_DIED")
+                    if r in text
+                ),
+                text,
+            )
+    return causes

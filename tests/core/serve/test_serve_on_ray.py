@@ -15,7 +15,15 @@ import pytest
 import soundfile as sf
 
 from tests.helpers.packaging import env_with_path, run_omni
-from tests.helpers.ray_cluster import RAY_ENV, import_ray, live_actors, live_placement_groups, node_names
+from tests.helpers.ray_cluster import (
+    RAY_ENV,
+    death_causes,
+    import_ray,
+    live_actors,
+    live_placement_groups,
+    node_names,
+    settled,
+)
 from tests.helpers.server import OmniServer, free_port
 
 import_ray()
@@ -96,7 +104,10 @@ def stop_and_check_nothing_left(server: OmniServer, actor_pids: list[int]) -> No
     assert server.stop() == 0, server.log()  # SIGTERM
     owners = [server.process.pid, *actor_pids]
     segments = [p for pid in owners for p in glob.glob(f"/dev/shm/omni-*-{pid}-*")]
-    assert (live_actors(), live_placement_groups(), segments) == ([], [], [])
+    assert settled(lambda: live_actors() + live_placement_groups()) == [] and segments == []
+    # removed by the server's shutdown (killed, or its last handle dropped), not by Ray after the
+    # server was gone (OWNER_DIED)
+    assert set(death_causes(actor_pids).values()) <= {"RAY_KILL", "REF_DELETED"}, death_causes(actor_pids)
 
 
 def test_cosyvoice3_on_two_nodes_speaks_as_in_process(cluster, omni_cache, tmp_path):
@@ -197,4 +208,4 @@ def test_a_stage_the_cluster_cannot_hold_fails_the_start_in_one_line(cluster, om
         'stage \'encoder\' needs {"CPU": 1, "GPU": 1} on one node, and no node of the Ray cluster has it'
         in failure[0]
     )
-    assert (live_actors(), live_placement_groups()) == ([], [])
+    assert settled(lambda: live_actors() + live_placement_groups()) == []
