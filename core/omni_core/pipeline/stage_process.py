@@ -7,6 +7,7 @@ exits when told to stop or when the runtime process is gone.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 import traceback
@@ -17,6 +18,7 @@ import zmq
 
 from omni_core.comm.framing import FramingError
 from omni_core.pipeline.control import Channel, receive
+from omni_core.pipeline.process_exit import exit_without_finalizing
 from omni_core.pipeline.stage_host import build_executor, release_request
 
 STATS_INTERVAL_S = 0.2
@@ -64,6 +66,16 @@ def run_stage_process(
         pull.close(linger=0)
         push.close(linger=1000)
         context.term()
+    _end_without_teardown()
+
+
+def _end_without_teardown() -> None:
+    """Ends a process that multiprocessing started for this stage, now that the stage has stopped
+    and its sockets are closed, without the interpreter's finalization (``process_exit``): the
+    runtime waits for each stage process it stops. A host that runs this function in a process
+    of its own (a Ray actor's method) keeps its process."""
+    if multiprocessing.parent_process() is not None:
+        exit_without_finalizing(0)
 
 
 def _start_executor(rebuild, stage_name, device, plugins, out: Channel):

@@ -435,4 +435,8 @@ def serve(
             server.should_exit = True
 
     app = create_app(config, load, on_load_failed=load_failed)
-    sys.exit(_run_server(app, app.state.omni_state, host, port, log_level, drain_seconds, receive_timeout, max_connections))
+    code = _run_server(app, app.state.omni_state, host, port, log_level, drain_seconds, receive_timeout, max_connections)
+    from omni_core.pipeline.process_exit import exit_without_finalizing
+
+    # the pipeline is shut down: the interpreter's finalization would only add seconds (process_exit)
+    exit_without_finalizing(code)
