@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from omni_core.serve.exceptions import InputTooLarge, InvalidInput
 
@@ -90,6 +91,18 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {message}" if param else message), param
 
 
+def allowed_methods(request: Request) -> str:
+    """Every method some route takes on the request's path: Starlette's own 405 names only those
+    of the first route with the path, where a path served by several routes (GET and POST
+    /v1/audio/voices) has more."""
+    methods = []
+    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
+        probe = {**request.scope, "method": method}
+        if any(route.matches(probe)[0] == Match.FULL for route in request.app.router.routes):
+            methods.append(method)
+    return ", ".join(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -108,7 +121,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         # keeps what the status needs said (a 405's Allow)
-        return APIError(exc.status_code, str(exc.detail), type=kind, headers=dict(exc.headers or {})).response()
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(request)
+        return APIError(exc.status_code, str(exc.detail), type=kind, headers=headers).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
