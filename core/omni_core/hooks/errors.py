@@ -7,6 +7,10 @@ from __future__ import annotations
 
 
 class InvalidInput(ValueError):
+    """``raise InvalidInput("text is empty", param="input")``: the request fails alone with a 400
+    whose message is ``message``; ``param`` names the request field at fault (OpenAI's error
+    ``param``) and ``code`` goes to the error's ``code``."""
+
     def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
         super().__init__(message)
         self.message = message
@@ -15,5 +19,7 @@ class InvalidInput(ValueError):
 
 
 class InputTooLarge(InvalidInput):
+    """As ``InvalidInput``, answered 413: the input is well formed but larger than the family takes."""
+
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message, param, code="too_large")

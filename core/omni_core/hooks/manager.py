@@ -38,6 +38,13 @@ class UnknownNameError(LookupError):
 
 @dataclass
 class PluginRecord:
+    """One plugin as discovery found it (``omni plugins list`` prints these; ``--json`` gives
+    ``to_json``): its entry-point ``name``, the distribution ``dist`` and ``version`` that ship it,
+    ``status`` ``"ok"`` or ``"error"`` (then ``error`` holds why it did not load: an import error
+    or a hook that raised, and the rest of the plugins load regardless), the ``hooks`` it
+    implements, and ``provided``: per registration (``"families"``, ``"engines"``,
+    ``"platforms"``, ``"transports"``) the records its hooks returned."""
+
     name: str
     dist: str
     version: str

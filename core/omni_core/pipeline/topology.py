@@ -55,7 +55,23 @@ class Edge:
 @dataclass
 class Topology:
     """``entry`` is the input port that receives the request's inputs; ``outputs`` maps each
-    terminal output name (``"text"``, ``"audio"``) to the stage output port that produces it."""
+    terminal output name (``"text"``, ``"audio"``) to the stage output port that produces it.
+
+    What the server and ``Omni`` read from those ports (a stage emits more keys at will):
+
+    - ``audio``: messages with ``{"audio": float32 mono samples [N]}`` at the family's
+      ``sample_rate``, in order, the last one ``end=True`` (it may carry no samples).
+    - ``text``: messages with ``{"text": delta}`` as the text grows; the last one (``end=True``)
+      carries the whole ``text``, and for transcription and translation may add ``language``
+      (a code; ``language_name`` where the family knows the name), ``duration`` (seconds of
+      input audio), and ``segments``: ``[{"start": s, "end": s, "text": str, "words": [{"word":
+      str, "start": s, "end": s}]}]``, words where the family aligns them.
+    - ``usage`` on the last message of either: OpenAI's usage keys for the task, summed over
+      segments of a split request: for speech ``{"input_tokens", "output_tokens"}`` (the server
+      adds ``total_tokens``); for transcription ``{"type": "tokens", "input_tokens",
+      "output_tokens", "total_tokens"}`` or ``{"type": "duration", "seconds"}``; for chat
+      ``{"prompt_tokens", "completion_tokens", "total_tokens"}``.
+    """
 
     stages: list[StageSpec]
     edges: list[Edge]

@@ -103,4 +103,6 @@ class ARStageWorker:
     def release(self, request_id: str) -> None:
         """Free what ``make_request`` kept for a request that ends without its last output: it
         was aborted, the engine refused it, or a step or ``on_output`` failed. Runs on the
-        engine's thread, like ``make_request`` and ``on_output``."""
+        engine's thread, like ``make_request`` and ``on_output``. It may run more than once for
+        a request (a failure, then the pipeline's abort) and for one that already ended with its
+        last output (an abort that arrives after it): free with ``dict.pop(request_id, None)``."""

@@ -6,6 +6,11 @@ within ``options["batch_window_ms"]`` up to ``options["max_batch"]`` and calls
 ``worker.process(messages, emit)``; a batch holds at most one message per request, so a stream's
 chunks reach the worker in order and never two at once.
 
+A worker may define ``release(request_id)`` to free what it keeps per request: it is called on
+the worker's thread, between calls, after the request finishes and after it is aborted, so it
+may run twice for one request, or for a request the worker never saw (aborted while queued):
+make it idempotent (``dict.pop(request_id, None)``).
+
 A worker exception fails only the request(s) it concerns. ``fn`` emits as the worker calls
 ``emit`` (streams flow chunk by chunk); ``batch`` emits after ``process`` returns, so a failed
 batch can be retried one message at a time without emitting anything twice.

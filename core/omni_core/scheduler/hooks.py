@@ -80,7 +80,12 @@ class ARHooks:
         sequence's last token and may be replaced (e.g. speech tokens through their own table)."""
 
     def sample(self, batch: StepBatch, logits: torch.Tensor) -> torch.Tensor | None:
-        """Replace the engine's sampler: logits [N, V] -> token ids [N]; None to use the default."""
+        """Replace the engine's sampler: logits [N, V] -> token ids [N]; None to use the default.
+
+        Row ``i`` belongs to the sequence at batch position ``batch.sample_index[i]`` (its request
+        ``batch.request_ids[batch.sample_index[i]]``, its extras ``batch.extras[...]`` at the same
+        position); ``batch.past_tokens[i]`` and ``batch.num_output_tokens[i]`` are already per
+        row. In a prefill step, sequences whose prompt is not complete yet have no row."""
         return None
 
     def post_prefill(self, batch: StepBatch, hidden: torch.Tensor, logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor | None:
