@@ -16,6 +16,7 @@ from typing import Any
 
 import zmq
 
+from omni_core import logs
 from omni_core.comm.framing import FramingError
 from omni_core.pipeline.control import Channel, receive
 from omni_core.pipeline.process_exit import exit_without_finalizing
@@ -36,6 +37,7 @@ def run_stage_process(
     plugins: list[str] | None = None,
     transport_options: dict[str, Any] | None = None,
 ) -> None:
+    logs.configure_from_environment()
     context = zmq.Context()
     pull = context.socket(zmq.PULL)
     pull.connect(inbox)

@@ -11,6 +11,8 @@ import sys
 
 import click
 
+from omni_core import logs
+
 PLACEMENTS = ("inproc", "process", "ray")
 
 
@@ -59,6 +61,7 @@ def _run_server(
         host=host,
         port=port,
         log_level=log_level.lower(),
+        log_config=None,  # uvicorn's loggers reach the root handler of omni_core.logs: one format
         timeout_graceful_shutdown=5,
         http=limited_protocol(receive_timeout_s, max_connections),
     )
@@ -267,7 +270,7 @@ def _installed(kind: str) -> str:
               help="Seconds a request may run once it has arrived, queue included; then it is stopped in every "
                    "stage (504, or an error event in a stream). 0: no limit. X-Request-Timeout asks for less.")
 @click.option("--socket-idle-timeout", default=60.0, show_default=True, type=_FiniteRange(min=0),
-              help="Seconds a WebSocket (/v1/audio/speech/stream) may go without a client message "
+              help="Seconds a WebSocket (/v1/realtime, /v1/audio/speech/stream) may go without a client message "
                    "while nothing of it runs; then it gets an error event and is closed. 0: no limit.")
 @click.option("--max-connections", default=512, show_default=True, type=click.IntRange(min=1),
               help="Connections open at once; a new one past it gets 503 and is closed.")
@@ -284,6 +287,14 @@ def _installed(kind: str) -> str:
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
     help="The least severe messages the server logs.",
+)
+@click.option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="text: one line a record; json: one JSON object a line (time, level, logger, message, pid), "
+         "for log collectors. Stage processes log the same way.",
 )
 def serve(
     family,
@@ -315,6 +326,7 @@ def serve(
     max_connections,
     drain_seconds,
     log_level,
+    log_format,
 ):
     """Serve a model family behind an OpenAI-compatible HTTP API."""
     if family is None:
@@ -349,8 +361,9 @@ def serve(
     if problem:
         click.echo(f"omni serve: {problem}", err=True)
         sys.exit(2)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(log_level, log_format)
     console = _console()
+    log = logging.getLogger("omni.serve")
     manager = get_plugin_manager()
     try:
         spec = manager.family(family)
@@ -375,7 +388,7 @@ def serve(
     except (CheckpointNotFound, ValueError) as exc:
         click.echo(f"omni serve: {exc}", err=True)
         sys.exit(2)
-    console.log(f"{family}: checkpoint {checkpoint}")
+    log.info("%s: checkpoint %s", family, checkpoint)
     if resources_map and not on_ray:
         click.echo("omni serve: --stage-resources applies to stages placed on ray (--placement STAGE=ray)", err=True)
         sys.exit(2)
@@ -423,9 +436,9 @@ def serve(
             voices_dir=voices_dir,
             limits=config.limits,
             plugin_manager=manager,
-            progress=lambda message: console.log(f"{spec.name}: {message}"),
+            progress=lambda message: log.info("%s: %s", spec.name, message),
         )
-        console.log(f"serving {config.served_model_name!r} on http://{host}:{port}")
+        log.info("serving %r on http://%s:%d", config.served_model_name, host, port)
         return omni
 
     def load_failed(error: str) -> None:
