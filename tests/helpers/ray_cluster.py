@@ -32,20 +32,40 @@ def import_ray():
 
 
 @contextlib.contextmanager
-def two_node_cluster():
-    """Starts the cluster, connects this process to it, yields the ``Cluster``; stops both after."""
+def two_node_cluster(env: dict[str, str] | None = None):
+    """Starts the cluster, connects this process to it, yields the ``Cluster``; stops both after.
+    ``env``: variables the nodes start with, and so every actor's process (the nodes of a real
+    cluster have the plugins installed; a test's plugin installed with ``--target`` needs its
+    folder on PYTHONPATH)."""
     ray = import_ray()
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "resources": {"head_node": 8}})
+    saved = {key: os.environ.get(key) for key in env or {}}
+    os.environ.update(env or {})
     try:
-        cluster.add_node(**NODE, resources={"far_node": 8})
+        cluster = Cluster(initialize_head=True, head_node_args={**NODE, "resources": {"head_node": 8}})
+    finally:
+        _restore(saved)
+    try:
+        os.environ.update(env or {})
+        try:
+            cluster.add_node(**NODE, resources={"far_node": 8})
+        finally:
+            _restore(saved)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
         yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _restore(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def live_actors() -> list[str]:

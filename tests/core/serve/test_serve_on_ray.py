@@ -5,15 +5,20 @@ placement group or shared memory of the server is left. Skipped where Ray is not
 
 from __future__ import annotations
 
+import concurrent.futures
 import glob
 import io
 import json
+import os
+import signal
+import time
 
 import httpx
 import numpy as np
 import pytest
 import soundfile as sf
 
+from tests.core.serve.server import API_KEY, ServerProcess, metric
 from tests.helpers.packaging import env_with_path, run_omni
 from tests.helpers.ray_cluster import (
     RAY_ENV,
@@ -38,10 +43,12 @@ SPREAD = {
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(testfamily_site):
     from tests.helpers.ray_cluster import two_node_cluster
 
-    with two_node_cluster() as started:
+    # the test family's actors import it from its --target folder; its tts steps take 20 ms
+    path = os.pathsep.join([str(testfamily_site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    with two_node_cluster({"PYTHONPATH": path, "OMNI_TESTFAMILY_STEP_MS": "20"}) as started:
         yield started
 
 
@@ -209,3 +216,51 @@ def test_a_stage_the_cluster_cannot_hold_fails_the_start_in_one_line(cluster, om
         in failure[0]
     )
     assert settled(lambda: live_actors() + live_placement_groups()) == []
+
+
+def test_a_killed_actor_answers_503_and_serving_resumes(cluster, testfamily_site, tmp_path):
+    """The process placement's fault semantics, reused: the in-flight request of a killed actor
+    gets 503 with Retry-After, the actor comes back in its bundle and serves the next request."""
+    server = ServerProcess(
+        testfamily_site,
+        tmp_path,
+        "--api-key",
+        API_KEY,
+        "--placement",
+        "tts=ray",
+        "--stage-resources",
+        'tts={"CPU": 0.5, "far_node": 1}',
+        "--request-timeout",
+        "60",
+        step_ms=20,
+        RAY_ADDRESS=cluster.address,
+        **RAY_ENV,
+    )
+    try:
+        server.wait_ready()
+        [(victim, node)] = actors_on_nodes().items()
+        assert node == "far_node"
+
+        def speak(text: str) -> httpx.Response:
+            body = {"model": "testfamily", "input": text, "voice": "alloy", "response_format": "pcm"}
+            headers = {"Authorization": f"Bearer {API_KEY}"}
+            return httpx.post(f"{server.url}/v1/audio/speech", json=body, headers=headers, timeout=60)
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(speak, "Long enough to be in flight when its actor dies. " * 30)
+            deadline = time.monotonic() + 20
+            while metric(server.url, "omni_stage_requests", stage="tts") < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            os.kill(victim, signal.SIGKILL)  # the far node is a process of this machine too
+            failed = in_flight.result(timeout=20)
+        assert failed.status_code == 503 and failed.json()["error"]["code"] == "stage_restarting", failed.text
+        assert "stage 'tts' failed: stage process died" in failed.json()["error"]["message"]
+        assert int(failed.headers["Retry-After"]) >= 1
+
+        after = speak("Back again.")
+        assert after.status_code == 200 and len(after.content) > 0, after.text
+        [(new_pid, node)] = actors_on_nodes().items()
+        assert new_pid != victim and node == "far_node"
+        stop_and_check_nothing_left(server, [new_pid])
+    finally:
+        server.kill()
