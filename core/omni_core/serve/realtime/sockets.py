@@ -100,9 +100,10 @@ class Socket:
         self._last_activity = time.monotonic()
         self._send_lock = asyncio.Lock()
 
-    async def open(self) -> bool:
-        """Checks the key and takes an admission slot, then accepts; False (the handshake refused
-        with the HTTP API's error) when either fails."""
+    async def open(self, check=None) -> bool:
+        """Checks the key, runs ``check()`` (the endpoint's own checks of the handshake: it raises
+        ``APIError``) and takes an admission slot, then accepts; False (the handshake refused with
+        the HTTP API's error) when any of them fails."""
         key, protocols = _offered_key(self.websocket)
         try:
             expected = self.state.config.api_key
@@ -113,6 +114,8 @@ class Socket:
                     f"subprotocol '{KEY_SUBPROTOCOL}<key>'",
                     code="invalid_api_key",
                 )
+            if check is not None:
+                check()
             self.slot = await self._admit()
         except APIError as exc:
             await self.websocket.send_denial_response(exc.response())
