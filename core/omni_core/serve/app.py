@@ -20,6 +20,7 @@ from omni_core.serve import chat, info, playground, speech, transcriptions, voic
 from omni_core.serve.auth import AuthMiddleware, open_paths
 from omni_core.serve.errors import APIError, QuietStreamCuts, install_error_handlers
 from omni_core.serve.metrics import MetricsMiddleware
+from omni_core.serve.openapi import install_openapi
 from omni_core.serve.realtime import speech_stream, transcription_session
 from omni_core.serve.state import ServeConfig, ServerState
 from omni_core.serve.streaming import ClientGone
@@ -114,6 +115,7 @@ def create_app(
     # a JSON body carries at most an upload's worth of base64 audio (4/3 of its bytes) and text
     app.add_middleware(JsonBodyLimitMiddleware, limit=lambda: int(config.limits.max_upload_mb * 2**20 * 1.5) + 2**20)
     opened = open_paths(app, public_docs=config.public_docs, metrics_require_key=config.metrics_require_key)
+    install_openapi(app, keyed=config.api_key is not None, open_paths=opened)
     app.add_middleware(AuthMiddleware, state=state, open=opened)
     app.add_middleware(MetricsMiddleware, metrics_getter=lambda: state.metrics)  # outermost: counts 401s too
     return app

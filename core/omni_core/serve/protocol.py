@@ -35,7 +35,7 @@ class SamplingFields(_Body):
 
 
 class SpeechRequest(SamplingFields):
-    model: str
+    model: str = Field(min_length=1)  # the served model's name (any other is a 404)
     input: str
     voice: str | VoiceRef | None = None
     response_format: str = "mp3"
@@ -68,7 +68,7 @@ StopString = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class ChatRequest(SamplingFields):
-    model: str
+    model: str = Field(min_length=1)  # the served model's name (any other is a 404)
     messages: list[ChatMessage] = Field(min_length=1)
     modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"])
     audio: ChatAudioOptions | None = None
