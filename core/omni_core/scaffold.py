@@ -118,26 +118,27 @@ def omni_families():
 '''
 
 _FAMILY_TEST = '''\
+"""The family through omni-core's testing kit (its pytest fixtures: omni_plugin, omni_pipeline,
+omni_server)."""
+
 import torch
 
-from omni_core.hooks import PluginManager
-from omni_core.pipeline import Pipeline
 
-
-def test_family_is_discovered_and_speaks(tmp_path):
-    manager = PluginManager()
-    record = next(r for r in manager.records if r.name == "$name")
-    assert record.status == "ok", record.error
-    family = manager.family("$name")
-    checkpoint = family.presets["tiny"](str(tmp_path / "tiny"))
-    with Pipeline(family.build(checkpoint, {}), plugin_manager=manager) as pipeline:
-        pipeline.start()
-        events = list(pipeline.submit({"task": "speech", "text": "hello plugin world"}))
+def test_family_is_discovered_and_speaks(omni_plugin, omni_pipeline):
+    omni_plugin("$name")
+    pipeline = omni_pipeline("$name")
+    events = list(pipeline.submit({"task": "speech", "text": "hello plugin world"}))
     chunks = [e.payload["audio"] for e in events if "audio" in e.payload]
     assert len(chunks) == 3
     assert events[-1].end
     audio = torch.cat(chunks)
     assert audio.abs().max() > 0.1
+
+
+def test_family_serves_the_openai_client(omni_server):
+    server = omni_server("$name")
+    reply = server.openai().audio.speech.create(model="$name", voice="default", input="hello plugin world", response_format="wav")
+    assert reply.content[:4] == b"RIFF" and len(reply.content) > 1000
 '''
 
 _PLATFORM_PLUGIN = '''\
