@@ -64,6 +64,81 @@ SSE = {"text/event-stream": {"schema": SSE_EVENT}}
 AUDIO = {media: {"schema": BINARY} for fmt, media in CONTENT_TYPES.items() if fmt != "aac"}
 SAMPLE_RATE = {"X-Sample-Rate": {"description": "the audio's sample rate (Hz)", "schema": {"type": "string"}}}
 JSON = {"application/json": {"schema": {"type": "object"}}}
+STRING_OR_NULL = {"type": ["string", "null"]}
+# JSON success bodies a client reads field by field (chat's are OpenAI's chat.completion)
+BODIES = {
+    "Health": {
+        "type": "object",
+        "required": ["status", "running", "queued"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ready", "loading", "draining", "failed"]},
+            "running": {"type": "integer"},
+            "queued": {"type": "integer"},
+            "error": {"type": "string", "description": "why loading failed"},
+        },
+    },
+    "Model": {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by", "family", "tasks", "root"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+            "family": {"type": "string"},
+            "tasks": {"type": "array", "items": {"type": "string"}},
+            "root": STRING_OR_NULL,
+        },
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}}},
+    },
+    "Voice": {
+        "type": "object",
+        "required": ["id", "name", "object", "type"],
+        "properties": {
+            "id": {"type": "string"},
+            "name": {"type": "string"},
+            "object": {"const": "audio.voice"},
+            "type": {"type": "string", "enum": ["builtin", "saved"]},
+            "description": {"type": "string", "description": "builtin"},
+            "text": {"type": "string", "description": "saved: what the reference audio says"},
+            "sample_rate": {"type": "integer", "description": "saved"},
+            "duration": {"type": "number", "description": "saved: seconds"},
+            "created_at": {"type": "integer", "description": "saved: unix seconds"},
+        },
+    },
+    "VoiceList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"$ref": "#/components/schemas/Voice"}}},
+    },
+    "DeletedVoice": {
+        "type": "object",
+        "required": ["id", "object", "deleted"],
+        "properties": {"id": {"type": "string"}, "object": {"const": "audio.voice"}, "deleted": {"const": True}},
+    },
+    "Transcription": {
+        "type": "object",
+        "required": ["text"],
+        "description": "json: text (and usage); verbose_json adds task, language, duration, segments and words",
+        "properties": {
+            "text": {"type": "string"},
+            "usage": {"type": "object"},
+            "task": {"type": "string", "enum": ["transcribe", "translate"]},
+            "language": STRING_OR_NULL,
+            "duration": {"type": ["number", "null"]},
+            "segments": {"type": "array", "items": {"type": "object", "required": ["id", "start", "end", "text"]}},
+            "words": {"type": "array", "items": {"type": "object", "required": ["word", "start", "end"]}},
+        },
+    },
+}
+
+
+def _json(name: str) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}
 REQUEST_TIMEOUT = {
     "name": "X-Request-Timeout",
     "in": "header",
@@ -92,7 +167,7 @@ AUDIO_TO_TEXT_FORM = _form(
     ["file", "model"],
 )
 AUDIO_TO_TEXT = {
-    "application/json": JSON["application/json"],  # json, verbose_json
+    **_json("Transcription"),  # json, verbose_json
     "text/plain": {"schema": TEXT},  # text, srt
     "text/vtt": {"schema": TEXT},
     **SSE,  # stream=true
@@ -113,12 +188,15 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/audio/transcriptions"): {"content": AUDIO_TO_TEXT, "body": AUDIO_TO_TEXT_FORM, "errors": ["404"], "runs": True},
     ("post", "/v1/audio/translations"): {"content": AUDIO_TO_TEXT, "body": AUDIO_TO_TEXT_FORM, "errors": ["404"], "runs": True},
     ("post", "/v1/chat/completions"): {"content": {**JSON, **SSE}, "errors": ["404"], "runs": True},
-    ("get", "/v1/audio/voices"): {"content": JSON},
-    ("post", "/v1/audio/voices"): {"content": JSON, "body": VOICE_FORM, "errors": ["400"]},
-    ("delete", "/v1/audio/voices/{voice_id}"): {"content": JSON, "errors": ["400", "404"]},
-    ("get", "/v1/models"): {"content": JSON},
-    ("get", "/v1/models/{model_id}"): {"content": JSON, "errors": ["404"]},
-    ("get", "/health"): {"content": JSON, "also": {"503": "loading, draining or failed (`status`, `error`); past --max-connections: an error"}},
+    ("get", "/v1/audio/voices"): {"content": _json("VoiceList")},
+    ("post", "/v1/audio/voices"): {"content": _json("Voice"), "body": VOICE_FORM, "errors": ["400"]},
+    ("delete", "/v1/audio/voices/{voice_id}"): {"content": _json("DeletedVoice"), "errors": ["400", "404"]},
+    ("get", "/v1/models"): {"content": _json("ModelList")},
+    ("get", "/v1/models/{model_id}"): {"content": _json("Model"), "errors": ["404"]},
+    ("get", "/health"): {"content": _json("Health"), "also": {"503": (
+        "loading, draining or failed (`status`, `error`); past --max-connections, an error",
+        {"application/json": {"schema": {"anyOf": [{"$ref": "#/components/schemas/Health"}, ERROR]}}},
+    )}},
     ("get", "/metrics"): {"content": {"text/plain": {"schema": TEXT}}},
 }
 
@@ -131,6 +209,7 @@ def describe(schema: dict[str, Any], *, keyed: bool, open_paths: Collection[str]
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
     schemas["Error"] = ERROR_SCHEMA
+    schemas.update(BODIES)
     if keyed:
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     for path, operations in schema.get("paths", {}).items():
@@ -169,8 +248,8 @@ def _describe_operation(operation: dict[str, Any], known: dict[str, Any], *, beh
         if status in ("429", "503"):
             response["headers"] = RETRY_AFTER
         responses[status] = response
-    for status, description in known.get("also", {}).items():
-        responses[status] = {"description": description, "content": success["content"]}
+    for status, (description, content) in known.get("also", {}).items():
+        responses[status] = {"description": description, "content": content}
 
 
 def install_openapi(app: FastAPI, *, keyed: bool, open_paths: Collection[str]) -> Callable[[], dict[str, Any]]:

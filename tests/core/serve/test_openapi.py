@@ -98,6 +98,8 @@ def test_success_media_types():
     assert set(paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     assert set(paths["/health"]["get"]["responses"]) == {"200", "503"}
+    for path, body in (("/v1/models", "ModelList"), ("/v1/audio/voices", "VoiceList"), ("/health", "Health")):
+        assert paths[path]["get"]["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{body}"}
 
 
 def test_the_key_is_a_bearer_security_scheme_on_the_routes_behind_it():
