@@ -9,6 +9,7 @@ Header ``op``s, runtime -> stage: ``msg`` (rid, port, end, seq + a payload), ``a
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import zmq
@@ -30,6 +31,14 @@ def bind_address(socket: zmq.Socket, control: str, ipc_path: str, host: str = "1
     raise ValueError(f"control must be 'ipc' or 'tcp', got {control!r}")
 
 
+SEND_POLL_MS = 50  # how often a send that waits for room checks whether its channel was closed
+
+
+class ChannelClosed(ConnectionError):
+    """A send gave up: the channel was closed (its process died or the stage stopped) or no peer
+    took the message in time."""
+
+
 class Channel:
     """One direction of the control plane. Two locks: ``_socket`` around each use of the zmq
     socket (not thread-safe), and ``_order`` around a payload's framing, header and transport
@@ -37,7 +46,12 @@ class Channel:
     (stats, abort, release, fail) takes only ``_socket``: it never waits behind a flush, which on
     a transport whose sends wait for the peer to receive (gloo, NCCL) may last until that peer's
     receiving thread is free; a receiving thread that sends only such headers cannot close a
-    cycle of waits between two processes."""
+    cycle of waits between two processes.
+
+    A PUSH socket whose peer is gone holds a send forever, and with it ``_socket``; so sends wait
+    for room in steps, and ``close`` (marked before it takes the lock) ends a waiting send with
+    ``ChannelClosed``: a dead stage process costs the threads sending to it nothing but that
+    error, and its restart can close the channel."""
 
     def __init__(self, socket: zmq.Socket, transport: Any, peer: int = 0):
         self.socket = socket
@@ -45,10 +59,24 @@ class Channel:
         self.peer = peer  # rank of the process at the other end (0: the runtime)
         self._socket = threading.Lock()
         self._order = threading.Lock()
+        self._closed = False
 
-    def send(self, header: dict[str, Any], frames: list[Any] = ()) -> None:
+    def send(self, header: dict[str, Any], frames: list[Any] = (), timeout_s: float | None = None) -> None:
+        """Send once the peer has room; ``ChannelClosed`` if the channel is closed meanwhile or
+        ``timeout_s`` passes first."""
+        parts = [framing.pack_header(header), *frames]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._socket:
-            self.socket.send_multipart([framing.pack_header(header), *frames], copy=False)
+            while True:
+                if self._closed:
+                    raise ChannelClosed("the channel to the stage process is closed")
+                try:
+                    self.socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+                    return
+                except zmq.Again:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise ChannelClosed(f"the stage process took no message for {timeout_s:g} s") from None
+                    self.socket.poll(SEND_POLL_MS, zmq.POLLOUT)
 
     def send_message(self, op: str, message: Message) -> None:
         """Frame the payload first: a payload that cannot travel raises ``FramingError`` here."""
@@ -65,8 +93,11 @@ class Channel:
             self.transport.flush(self.peer)
 
     def close(self) -> None:
+        """Close the socket; a send waiting for room ends with ``ChannelClosed`` first."""
+        self._closed = True
         with self._socket:
-            self.socket.close(linger=0)
+            if not self.socket.closed:
+                self.socket.close(linger=0)
 
 
 def receive(

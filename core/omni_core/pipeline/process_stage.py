@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 
 from omni_core.comm.framing import FramingError
-from omni_core.pipeline.control import Channel, bind_address, receive
+from omni_core.pipeline.control import Channel, ChannelClosed, bind_address, receive
 from omni_core.pipeline.stage_process import run_stage_process
 from omni_core.scheduler.executor import Executor, Message, StageContext
 
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 POLL_MS = 50  # the monitor's poll interval: also how soon a dead child is noticed
 START_TIMEOUT_S = 180.0
 MAX_RESTARTS_IN_A_ROW = 3
+STOP_SEND_S = 1.0  # how long the stop message may wait for a child that takes no messages
 
 
 class StageProcessError(RuntimeError):
@@ -152,9 +153,9 @@ class ProcessStage(Executor):
             out, process = self._out, self._process
         if out is not None:
             try:
-                out.send({"op": "stop"})
-            except zmq.ZMQError:
-                pass
+                out.send({"op": "stop"}, timeout_s=STOP_SEND_S)
+            except (zmq.ZMQError, ChannelClosed):
+                pass  # the child is gone or stuck: it is ended below
         if process is not None:
             _end_process(process)
         if self._monitor is not None and self._monitor is not threading.current_thread():
@@ -186,6 +187,11 @@ class ProcessStage(Executor):
                 return
             except FramingError as exc:
                 error = f"input {message.port!r}: {exc}"
+            except ChannelClosed as exc:
+                with self._lock:  # the child died meanwhile: its restart fails the request (transient)
+                    if self._state == "restarting" and message.request_id not in self._inflight:
+                        return
+                error = f"cannot reach the stage process: {exc}"
             except zmq.ZMQError as exc:
                 error = f"cannot reach the stage process: {exc}"
         else:
@@ -200,7 +206,7 @@ class ProcessStage(Executor):
         if running:  # outside the lock, as in submit
             try:
                 out.send({"op": op, "rid": request_id})
-            except zmq.ZMQError:
+            except (zmq.ZMQError, ChannelClosed):
                 pass
 
     def abort(self, request_id: str) -> None:
@@ -269,6 +275,9 @@ class ProcessStage(Executor):
             lost, self._inflight = self._inflight, set()
             self.restarts += 1
             retry_after = self._expected_back()
+            dead = self._out
+        if dead is not None:
+            dead.close()  # a thread still sending to the dead child gets ChannelClosed now
         log.warning(
             "stage %r: process %s died (exit code %s); %d request(s) fail",
             self.name,
