@@ -1,13 +1,16 @@
-"""A client that leaves /v1/audio/speech/stream mid-sentence: the sentence's request is aborted
-in every stage. The test family with slow steps (a 300-character piece takes 25 steps of
-400 ms) makes the difference between an abort and a request left to finish plain."""
+"""/v1/audio/speech/stream on the test family with slow steps (a 300-character piece takes 25
+steps of 400 ms), where an abort and a request left to finish differ: a client that leaves
+mid-sentence has the sentence aborted in every stage; a drain tells an idle socket and closes it
+rather than waiting its grace period for it."""
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.core.serve.server import API_KEY, ServerProcess, metric
@@ -18,7 +21,13 @@ ENDPOINT = "/v1/audio/speech/stream"
 @pytest.fixture(scope="module")
 def slow_server(testfamily_site, tmp_path_factory):
     proc = ServerProcess(
-        testfamily_site, tmp_path_factory.mktemp("stream-abort"), "--api-key", API_KEY, step_ms=400
+        testfamily_site,
+        tmp_path_factory.mktemp("stream-abort"),
+        "--api-key",
+        API_KEY,
+        "--drain-seconds",
+        "30",
+        step_ms=400,
     )
     try:
         yield proc.wait_ready()
@@ -32,11 +41,14 @@ def _busy(url: str) -> float:
     )
 
 
+def _open(server):
+    url = server.url.replace("http://", "ws://") + ENDPOINT
+    return connect(url, additional_headers={"Authorization": f"Bearer {API_KEY}"}, open_timeout=30)
+
+
 def test_leaving_mid_sentence_aborts_it_in_every_stage(slow_server):
     url = slow_server.url
-    with connect(
-        url.replace("http://", "ws://") + ENDPOINT, additional_headers={"Authorization": f"Bearer {API_KEY}"}
-    ) as ws:
+    with _open(slow_server) as ws:
         ws.send(json.dumps({"type": "config", "model": "testfamily", "voice": "alloy"}))
         assert json.loads(ws.recv(timeout=30))["type"] == "ready"
         ws.send(json.dumps({"type": "text", "text": "many words " * 30}))  # no end: cut at 300 characters
@@ -48,3 +60,17 @@ def test_leaving_mid_sentence_aborts_it_in_every_stage(slow_server):
         time.sleep(0.05)
     assert _busy(url) == 0, slow_server.log()
     assert metric(url, "omni_requests_aborted_total", endpoint=ENDPOINT) == 1
+
+
+def test_a_drain_tells_an_idle_socket_and_closes_it(slow_server):  # last: it stops the server
+    with _open(slow_server) as ws:
+        ws.send(json.dumps({"type": "config", "model": "testfamily", "voice": "alloy"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        slow_server.process.send_signal(signal.SIGTERM)
+        event = json.loads(ws.recv(timeout=10))
+        assert event["type"] == "error" and event["error"]["code"] == "draining", event
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd.code == 1001
+    # the socket held an admission slot: once it closed, the drain had nothing left to wait for
+    assert slow_server.process.wait(timeout=20) == 0, slow_server.log()

@@ -29,7 +29,7 @@ pytest.importorskip("silero_vad", reason="server VAD needs omni-core's realtime 
 KEY = "realtime-key"
 SESSION_RATE = 24000  # OpenAI's pcm rate: resampled to 16 kHz by the server
 CHUNK_S = 0.1
-PAUSE_S = 1.0
+PAUSE_S = 0.8
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,16 @@ def test_commit_by_hand_clear_and_an_empty_commit(client, spoken, sentences):
         connection.input_audio_buffer.commit()
         events = _events_until(connection, "conversation.item.input_audio_transcription.completed")
         kinds = [e.type for e in events]
-        assert kinds[0] == "input_audio_buffer.committed" and "error" not in kinds, kinds
+        assert kinds[:3] == [
+            "input_audio_buffer.committed",
+            "conversation.item.added",
+            "conversation.item.done",
+        ]
+        assert "error" not in kinds, kinds
+        added = events[1].item
+        assert (
+            added.id == events[0].item_id and added.role == "user" and added.content[0].type == "input_audio"
+        )
         assert events[-1].item_id == events[0].item_id
         assert _words(events[-1].transcript) == _words(sentences[2])  # the cleared audio is not in it
 

@@ -32,6 +32,7 @@ log = logging.getLogger("omni.serve")
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 MAX_MESSAGE_BYTES = 16 * 2**20  # a text frame is parsed whole: a bound on one message
 QUEUE_WAIT_S = 30.0  # the longest a handshake waits in the admission queue
+DRAIN_POLL_S = 0.5  # how often a waiting socket looks whether the server drains
 
 
 class SocketClosed(Exception):
@@ -169,27 +170,27 @@ class Socket:
 
     async def receive_json(self, busy=lambda: False) -> tuple[dict | None, str | None]:
         """The next client message as (event, None), or (None, why it is refused) for a message
-        that is not a JSON object. Raises ``SocketClosed`` when the client leaves or after
-        ``idle_s`` with no message while ``busy()`` is false (the client is told first)."""
+        that is not a JSON object. Raises ``SocketClosed`` when the client leaves, after
+        ``idle_s`` with no message while ``busy()`` is false, or once the server drains and
+        nothing of the socket runs (the client is told first, in an error event)."""
         while True:
-            wait = self.idle_s - (time.monotonic() - self._last_activity) if self.idle_s else None
+            waited = time.monotonic() - self._last_activity
+            wait = DRAIN_POLL_S if not self.idle_s else min(DRAIN_POLL_S, max(self.idle_s - waited, 0.01))
             try:
-                message = await asyncio.wait_for(
-                    self.websocket.receive(), timeout=max(wait, 0.01) if wait else None
-                )
+                message = await asyncio.wait_for(self.websocket.receive(), timeout=wait)
             except TimeoutError:
                 if busy():
                     self.touch()
-                    continue
-                await self.send(
-                    error_event(
-                        f"no message for {self.idle_s:g} s: the socket is closed",
-                        "idle_timeout",
-                        kind="timeout_error",
+                elif self.state.admission.draining:
+                    # the drain waits for admission slots: an idle socket must not hold it
+                    await self._end_with(
+                        "the server is shutting down: the socket is closed", "draining", 1001
                     )
-                )
-                await self._close_socket(1000, "idle timeout")
-                raise SocketClosed() from None
+                elif self.idle_s and time.monotonic() - self._last_activity >= self.idle_s:
+                    await self._end_with(
+                        f"no message for {self.idle_s:g} s: the socket is closed", "idle_timeout", 1000
+                    )
+                continue
             if message["type"] == "websocket.disconnect":
                 raise SocketClosed()
             self.touch()
@@ -205,6 +206,12 @@ class Socket:
             if not isinstance(event, dict):
                 return None, "an event is a JSON object with a 'type'"
             return event, None
+
+    async def _end_with(self, message: str, code: str, close_code: int) -> None:
+        kind = "server_error" if code == "draining" else "timeout_error"
+        await self.send(error_event(message, code, kind=kind))
+        await self._close_socket(close_code, code)
+        raise SocketClosed()
 
     async def send(self, event: dict | bytes) -> None:
         """Writes an event (a dict as JSON text, bytes as a binary frame); ``SocketClosed`` when

@@ -198,8 +198,8 @@ class SpeechStream:
         )
 
     async def _speak_one(self, index: int, sentence: str) -> None:
-        omni = self.state.ready_omni()
         try:
+            omni = self.state.ready_omni()  # refuses once the server drains
             inputs = await asyncio.to_thread(self._inputs, omni, self.config, sentence, self.reference)
         except (APIError, InvalidInput) as exc:
             await self.socket.send({**error_event_of(exc), "index": index})

@@ -161,6 +161,18 @@ class TranscriptionSession:
 
     async def _committed(self, item: str, samples: np.ndarray) -> None:
         await self.send("input_audio_buffer.committed", item_id=item, previous_item_id=self.previous_item)
+        # the user message the turn becomes, as OpenAI's API adds it to the conversation (its
+        # transcript comes with the transcription events)
+        message = {
+            "id": item,
+            "object": "realtime.item",
+            "type": "message",
+            "status": "completed",
+            "role": "user",
+            "content": [{"type": "input_audio", "transcript": None}],
+        }
+        await self.send("conversation.item.added", previous_item_id=self.previous_item, item=message)
+        await self.send("conversation.item.done", previous_item_id=self.previous_item, item=message)
         self.previous_item = item
         self.turns.put_nowait((item, samples))
 
