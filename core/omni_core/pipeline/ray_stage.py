@@ -10,6 +10,7 @@ actor) is ``ProcessStage``'s. ``ActorProcess`` gives an actor the few calls of a
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -25,13 +26,24 @@ ACTOR_DIED = -9  # the exit code reported for an actor that died (Ray does not s
 
 class StageActor:
     """Hosts one stage. ``run`` blocks the actor's thread for the stage's lifetime, as a stage
-    process's main does; ``pid`` answers first, so the runtime knows which process it watches."""
+    process's main does; ``where`` answers first, so the runtime knows which process it watches."""
 
-    def pid(self) -> int:
-        return os.getpid()
+    def where(self) -> tuple[int, str]:
+        """This actor's process id and node id."""
+        import ray
+
+        return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def run(self, *args: Any) -> None:
-        run_stage_process(*args)
+        # A spawned stage ends with the runtime, its parent. An actor's runtime may be on another
+        # node, and Ray ends the actor when the runtime goes; what nothing ends is an actor whose
+        # raylet died (its node lost, or the head and the raylet after it): the stage watches the
+        # raylet, its parent, as a spawned stage watches the runtime, and the process ends with it.
+        call = inspect.signature(run_stage_process).bind(*args)
+        raylet = call.arguments["parent_pid"] = os.getppid()
+        run_stage_process(*call.args, **call.kwargs)
+        if os.getppid() != raylet:
+            os._exit(1)  # no raylet will ever call this worker again
 
 
 class ActorProcess:
@@ -54,12 +66,13 @@ class ActorProcess:
         actor_class = ray.remote(max_restarts=0, max_task_retries=0)(StageActor)
         self.actor = actor_class.options(name=None, **self.options).remote()
         try:
-            self.pid = ray.get(self.actor.pid.remote(), timeout=self.start_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise StageProcessError(
-                f"stage {self.name!r}: its Ray actor did not start within {self.start_timeout_s:.0f} s"
-            ) from None
+            self.pid, self.node_id = ray.get(self.actor.where.remote(), timeout=self.start_timeout_s)
         except ray.exceptions.RayError as exc:
+            self.kill()  # one still waiting for its bundle would start later, for nobody
+            if isinstance(exc, ray.exceptions.GetTimeoutError):
+                raise StageProcessError(
+                    f"stage {self.name!r}: its Ray actor did not start within {self.start_timeout_s:.0f} s"
+                ) from None
             raise StageProcessError(f"stage {self.name!r}: its Ray actor could not start: {exc}") from None
         self._run = self.actor.run.remote(*self.args)
 
@@ -121,8 +134,7 @@ class RayStage(ProcessStage):
         self.transport_name = transport_name
         self.transport = getattr(self.transport, "for_peer", lambda _: self.transport)(peer)
         self.device = actor_device(device, placement.bundles[stage.name])
-        # the runtime process's death ends its actors through Ray (they share their owner's
-        # fate), not by the parent-pid check of a spawned child
+        # the runtime is not the actor's parent: the actor watches its raylet (StageActor.run)
         self.parent_pid = None
 
     def _bind(self, socket: zmq.Socket, ipc_path: str) -> str:
@@ -134,5 +146,7 @@ class RayStage(ProcessStage):
 
     def stats(self) -> dict[str, Any]:
         stats = super().stats()
-        stats.update(node=self.placement.nodes.get(self.name, ""), transport=self.transport_name)
+        # where the actor runs now: a restart after a lost node runs where Ray placed the bundle anew
+        node = getattr(self._process, "node_id", "") or self.placement.nodes.get(self.name, "")
+        stats.update(node=node, transport=self.transport_name)
         return stats

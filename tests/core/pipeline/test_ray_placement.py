@@ -16,6 +16,7 @@ from omni_core.pipeline import Pipeline, RequestFailed
 
 from tests.core.pipeline import toy_topologies as toy
 from tests.helpers.ray_cluster import (
+    NODE,
     descendants,
     import_ray,
     listening_addresses,
@@ -198,3 +199,43 @@ def test_a_transport_that_cannot_cross_hosts_fails_at_start(cluster):
     ):
         pipeline.start()
     assert left_behind(pipeline) == NOTHING
+
+
+def test_a_lost_node_ends_its_stage_process_and_the_stage_comes_back_on_a_new_one(cluster):
+    """Nothing ends an actor whose raylet died (its node lost): the stage watches the raylet and
+    its process ends with it; the runtime fails the requests it held and restarts the stage, which
+    starts once a node can hold its bundle again (Ray places the group's lost bundle anew)."""
+    lost = other_node()
+    pipeline = Pipeline(
+        toy.fish_like(),
+        plugin_manager=toy.core_plugins(),
+        placement={"dual_ar": "ray"},
+        rebuild=functools.partial(toy.build, "fish", start_timeout_s=60),  # a restart waits for the node
+        ray=RayOptions(resources={"dual_ar": on(lost)}),
+    )
+    with pipeline:
+        victim = pipeline.stage_pids()["dual_ar"]
+        handle = pipeline.submit({"text": "in flight", "frames": 400, "delay_s": 0.02})
+        assert handle.get(timeout=20).name == "audio"
+        where = pipeline.stats()["stages"]["dual_ar"]["node"]
+        [node] = [n for n in cluster.list_all_nodes() if n.node_id == where]
+        cluster.remove_node(node, allow_graceful=False)  # its raylet is killed, its workers are not
+        with pytest.raises(RequestFailed, match=r"stage 'dual_ar' failed: stage process died"):
+            while handle.get(timeout=10.0) is not None:  # what was sent before; then the failure
+                pass
+        assert settled(lambda: _alive(victim), timeout_s=10) is False
+
+        cluster.add_node(**NODE, resources={lost: 8})
+        after = pipeline.submit({"text": "on the new node"}).collect(timeout=90)
+        assert torch.allclose(audio_of(after["audio"]), toy.reference_fish("on the new node"))
+        stats = pipeline.stats()["stages"]["dual_ar"]
+        assert stats["restarts"] == 1 and stats["node"] != where and node_names()[stats["node"]] == lost
+    assert left_behind(pipeline) == NOTHING
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
