@@ -28,9 +28,9 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "${PIP[@]}" "torch==2.13.0"
 fi
 
-# --test takes omni-core's ray extra too (the Ray placement tests run a local two-node cluster)
-# and its realtime extra (the WebSocket endpoints' tests)
-if [[ "${1:-}" == "--test" ]]; then packages=(-e "./core[ray,realtime]"); else packages=(-e ./core); fi
+# omni-core's realtime extra serves the WebSocket endpoints (websockets, Silero VAD); --test takes
+# its ray extra too: the Ray placement tests run a local two-node cluster
+if [[ "${1:-}" == "--test" ]]; then packages=(-e "./core[ray,realtime]"); else packages=(-e "./core[realtime]"); fi
 for plugin in plugins/*/; do
   [[ -f "$plugin/pyproject.toml" ]] && packages+=(-e "./$plugin")
 done
