@@ -38,7 +38,7 @@ def families(name: str | None, as_json: bool) -> None:
         for family in found:
             click.echo(f"{family['name']:<16} {', '.join(family['tasks']):<32} presets: {', '.join(family['presets']) or '-'}")
         if not found:
-            click.echo("no model family is installed (pip install ./plugins/omni-cosyvoice3, say)")
+            click.echo("no model family is installed (each comes in a plugin package: pip install ./plugins/omni-NAME)")
         return
     try:
         family = _describe(manager.family(name))

@@ -7,9 +7,6 @@ from typing import Any
 
 from omni_core.platforms.base import Platform
 
-# The packages of omni's own that provide a platform, named when one is asked for and missing.
-PLATFORM_PACKAGES = {"xpu": "omni-xpu", "mlx": "omni-qwen3-asr-mlx"}
-
 
 class PlatformUnavailableError(RuntimeError):
     pass
@@ -43,10 +40,8 @@ def resolve_platform(name: str = "auto", manager: Any = None) -> Platform:
     try:
         platform = manager.platform(platform_name)
     except UnknownNameError as exc:
-        package = PLATFORM_PACKAGES.get(platform_name)
-        if package is None:
-            raise
-        raise UnknownNameError(f"{exc}; the {package} package provides it (pip install ./plugins/{package})") from None
+        # core names no backend: where to get one is the platforms page's to say
+        raise UnknownNameError(f"{exc}; platforms come in plugin packages (docs/platforms.md lists them)") from None
     ok, reason = platform.is_available()
     if not ok:
         raise PlatformUnavailableError(f"platform {platform_name!r} is not available: {reason}")

@@ -43,7 +43,7 @@ def test_without_the_plugin_it_names_the_package(testfamily_site):
     assert result.returncode == 2
     (line,) = _error_lines(result.stderr)
     assert line.startswith("omni serve: --device xpu: unknown platform 'xpu'; installed: cpu, cuda")
-    assert line.endswith("the omni-xpu package provides it (pip install ./plugins/omni-xpu)")
+    assert line.endswith("platforms come in plugin packages (docs/platforms.md lists them)")
 
 
 def test_help_lists_the_installed_platforms_devices(testfamily_site):
