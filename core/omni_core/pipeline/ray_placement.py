@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni_core.platforms import platform_for
+
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 PLACE_TIMEOUT_S = 60.0
 
@@ -50,19 +52,21 @@ class RayOptions:
 
 
 def default_bundle(device: str) -> dict[str, float]:
-    """A stage process needs a CPU; a stage on a CUDA device needs a GPU too (Ray's ``GPU``)."""
+    """A stage process needs a CPU; a stage on an accelerator needs one of the Ray resource its
+    platform counts as (``Platform.ray_resource``: ``GPU`` for CUDA)."""
     bundle = {"CPU": 1.0}
-    if device.split(":", 1)[0] == "cuda":
-        bundle["GPU"] = 1.0
+    resource = platform_for(device).ray_resource
+    if resource:
+        bundle[resource] = 1.0
     return bundle
 
 
 def actor_device(device: str, bundle: dict[str, float]) -> str:
-    """The device as the actor sees it: Ray shows an actor only the GPUs it was given, so a
+    """The device as the actor sees it: Ray shows an actor only the devices it was given, so a
     stage asking for ``cuda:3`` with a GPU in its bundle runs on that actor's ``cuda:0``."""
-    kind = device.split(":", 1)[0]
-    if kind == "cuda" and bundle.get("GPU", 0) > 0:
-        return "cuda:0"
+    platform = platform_for(device)
+    if platform.ray_resource and bundle.get(platform.ray_resource, 0) > 0:
+        return platform.device(0)
     return device
 
 

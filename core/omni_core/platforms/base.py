@@ -32,6 +32,7 @@ class Platform:
     attention_backend: str = "sdpa"  # the paged attention backend an engine picks by default
     dtypes: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")  # torch dtype names it computes in
     default_dtype: str = "float32"  # what a family's dtype "auto" means here
+    ray_resource: str | None = None  # the Ray resource one device counts as (placement on Ray); None: CPU only
 
     def is_available(self) -> tuple[bool, str]:
         """``(True, "")`` when usable here, else ``(False, reason)``."""

@@ -10,6 +10,7 @@ class CudaPlatform(TorchAcceleratorPlatform):
     supports_graphs = True
     priority = 10
     attention_backend = "triton"  # the engine falls back to sdpa where triton does not import
+    ray_resource = "GPU"
 
     def is_available(self) -> tuple[bool, str]:
         import torch
