@@ -42,13 +42,18 @@ SPREAD = {
 }
 
 
+# every process on torch's linear, not a host kernel chosen by timing it at start (a choice that
+# timing could make differently in two processes, and that costs seconds of each start)
+SAME_KERNELS = {"OMNI_HOST_LINEAR": "0"}
+
+
 @pytest.fixture(scope="module")
 def cluster(testfamily_site):
     from tests.helpers.ray_cluster import two_node_cluster
 
     # the test family's actors import it from its --target folder; its tts steps take 20 ms
     path = os.pathsep.join([str(testfamily_site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    with two_node_cluster({"PYTHONPATH": path, "OMNI_TESTFAMILY_STEP_MS": "20"}) as started:
+    with two_node_cluster({"PYTHONPATH": path, "OMNI_TESTFAMILY_STEP_MS": "20", **SAME_KERNELS}) as started:
         yield started
 
 
@@ -70,7 +75,7 @@ def serve_both(family: str, cluster, cache, workdir) -> tuple[OmniServer, OmniSe
     actors, one on each node."""
     pytest.importorskip(f"omni_{family}", reason=f"the {family} plugin is not installed")
     write_preset(family, cache)
-    env = {"OMNI_PLUGINS": family, "OMNI_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    env = {"OMNI_PLUGINS": family, "OMNI_CACHE": str(cache), "OMP_NUM_THREADS": "1", **SAME_KERNELS}
     ray_args = [
         arg
         for stage, node in SPREAD[family].items()
