@@ -40,7 +40,9 @@ class InputAudioBuffer:
         self.set_rate(rate)
         self.start = 0  # stream position of the first sample held
         self.end = 0  # stream position after the last sample received
-        self._samples = np.zeros(0, np.float32)
+        # appended pieces as they came: joined only when a turn is taken, so a long buffer built
+        # of many small appends costs no copy an append
+        self._pieces: list[np.ndarray] = []
 
     def set_rate(self, rate: int) -> None:
         if rate != self.rate:
@@ -52,26 +54,38 @@ class InputAudioBuffer:
             return samples
         return self._resampler.resample_chunk(samples)
 
-    def flush(self) -> None:
-        """Adds what the resampler still holds (its last few milliseconds): the audio so far is a
-        turn's whole audio (a commit by hand); the next append starts a new stream."""
-        if self._resampler is not None:
-            self.append(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
-            self._resampler = soxr.ResampleStream(self.rate, RATE, 1, dtype="float32")
+    def flush(self) -> np.ndarray:
+        """Adds (and returns) what the resampler still holds, its last few milliseconds: the audio
+        so far is a turn's whole audio (a commit by hand); the next append starts a new stream."""
+        if self._resampler is None:
+            return np.zeros(0, np.float32)
+        tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+        self._resampler = soxr.ResampleStream(self.rate, RATE, 1, dtype="float32")
+        self.append(tail)
+        return tail
 
     def room(self) -> int:
-        return self.max_samples - len(self._samples)
+        return self.max_samples - (self.end - self.start)
 
     def append(self, samples: np.ndarray) -> None:
-        self._samples = np.concatenate([self._samples, samples])
-        self.end += len(samples)
+        if len(samples):
+            self._pieces.append(samples)
+            self.end += len(samples)
 
     def take(self, until: int | None = None) -> np.ndarray:
         """The samples held up to stream position ``until`` (all by default), removed."""
-        cut = len(self._samples) if until is None else max(0, min(until, self.end) - self.start)
-        taken, self._samples = self._samples[:cut], self._samples[cut:]
-        self.start += cut
-        return taken
+        cut = self.end - self.start if until is None else max(0, min(until, self.end) - self.start)
+        taken, count = [], 0
+        while self._pieces and count < cut:
+            piece = self._pieces.pop(0)
+            if count + len(piece) > cut:  # split it: the rest stays
+                keep = cut - count
+                self._pieces.insert(0, piece[keep:])
+                piece = piece[:keep]
+            taken.append(piece)
+            count += len(piece)
+        self.start += count
+        return np.concatenate(taken) if taken else np.zeros(0, np.float32)
 
     def drop_before(self, position: int) -> None:
         """Forgets what lies before stream position ``position``."""
@@ -80,4 +94,4 @@ class InputAudioBuffer:
 
     @property
     def seconds(self) -> float:
-        return len(self._samples) / RATE
+        return (self.end - self.start) / RATE

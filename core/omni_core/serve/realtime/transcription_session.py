@@ -30,6 +30,7 @@ from omni_core.serve.realtime.vad import RATE, WINDOW
 router = APIRouter()
 ENDPOINT = "/v1/realtime"
 MIN_COMMIT_MS = 100  # as OpenAI: a shorter buffer is refused on commit
+TURNS_WAITING = 4
 log = logging.getLogger("omni.serve")
 
 
@@ -43,7 +44,9 @@ class TranscriptionSession:
         self.detector = TurnDetector(config.turn_detection) if config.turn_detection else None
         self.speech_item: str | None = None  # the item of the turn server VAD has open
         self.previous_item: str | None = None
-        self.turns: asyncio.Queue = asyncio.Queue()
+        # committed turns waiting to be transcribed: past the bound, taking more audio waits (the
+        # socket is not read), so a client sending faster than real time cannot pile them up
+        self.turns: asyncio.Queue = asyncio.Queue(maxsize=TURNS_WAITING)
         self.transcribing = False
 
     def busy(self) -> bool:
@@ -145,7 +148,9 @@ class TranscriptionSession:
         await self._committed(item, self.buffer.take(end))
 
     async def _commit(self, event: dict) -> None:
-        self.buffer.flush()
+        tail = self.buffer.flush()
+        if self.detector is not None and len(tail):  # it reads every sample: positions stay aligned
+            await asyncio.to_thread(self.detector.feed, tail)
         if self.buffer.seconds * 1000 < MIN_COMMIT_MS:
             raise APIError(
                 400,
@@ -174,7 +179,7 @@ class TranscriptionSession:
         await self.send("conversation.item.added", previous_item_id=self.previous_item, item=message)
         await self.send("conversation.item.done", previous_item_id=self.previous_item, item=message)
         self.previous_item = item
-        self.turns.put_nowait((item, samples))
+        await self.turns.put((item, samples))
 
     async def _clear(self, event: dict) -> None:
         self.buffer.take()
