@@ -189,3 +189,11 @@ def test_an_idle_socket_is_told_and_closed(server):
         assert time.monotonic() - started > 2
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=10)
+
+
+def test_realtime_transcription_is_refused_by_a_family_that_does_not_transcribe(server):
+    url = server.url.replace("http://", "ws://") + "/v1/realtime?model=cosyvoice3"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=30)
+    assert refused.value.response.status_code == 400
+    assert json.loads(refused.value.response.body)["error"]["code"] == "unsupported_task"
