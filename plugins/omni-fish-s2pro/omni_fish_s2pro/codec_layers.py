@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from omni_core.models.layers import RMSNorm, apply_rotary
 from torch import nn
 
+from .feed_forward import FeedForward
+
 
 class CausalConv1d(nn.Module):
     """A convolution padded on the left only (and on the right to whole strides)."""
@@ -153,17 +155,6 @@ class LayerScale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gamma
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class WindowBlock(nn.Module):

@@ -18,6 +18,7 @@ from omni_core.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
 from torch import nn
 
 from .config import FishConfig, TransformerSizes
+from .feed_forward import FeedForward
 
 
 class FastAttention(nn.Module):
@@ -55,17 +56,6 @@ class FastAttention(nn.Module):
             enable_gqa=self.heads != self.kv_heads,
         )
         return self.wo(out.transpose(1, 2).reshape(b, n, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class FastLayer(nn.Module):
