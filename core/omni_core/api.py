@@ -142,7 +142,7 @@ class Omni:
         )
         names = ", ".join(stage.name for stage in topology.stages)
         say(f"starting {len(topology.stages)} stages on {self.device} ({stage_mode}): {names}")
-        self.pipeline.start()
+        self.pipeline.start(progress=say)  # a line as each stage is ready: loading weights takes the time
         self._builtin_voices = list(self.spec.voices(self.checkpoint_dir)) if self.spec.voices else []
         self.tasks = self._tasks()
         if self.spec.split_speech is not None:  # it loads what it needs (a tokenizer) now, not on a request

@@ -9,6 +9,7 @@ emitting thread: terminal events go to the request's handle, messages to the nex
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable
@@ -133,7 +134,8 @@ class Pipeline:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    def start(self) -> Pipeline:
+    def start(self, progress: Callable[[str], None] | None = None) -> Pipeline:
+        """Place and start every stage; ``progress`` hears of each stage as it becomes ready."""
         if self._started:
             return self
         if self._closed:
@@ -168,7 +170,7 @@ class Pipeline:
                         family=self.topology.name,
                     )
                 self.executors[stage.name] = executor
-            self._start_all()
+            self._start_all(progress)
         except BaseException:
             self.shutdown()
             raise
@@ -221,15 +223,23 @@ class Pipeline:
             return self._ray.options.remote_transport
         return self.transport_name
 
-    def _start_all(self) -> None:
+    def _start_all(self, progress: Callable[[str], None] | None = None) -> None:
         """Start every executor; process stages spawn concurrently (each pays the interpreter start)."""
         errors: dict[str, BaseException] = {}
+        ready: list[str] = []
+        counted = threading.Lock()
 
         def start_one(name: str, executor: Executor) -> None:
+            began = time.monotonic()
             try:
                 executor.start()
             except BaseException as exc:
                 errors[name] = exc
+                return
+            if progress is not None:
+                with counted:
+                    ready.append(name)
+                    progress(f"stage {name!r} ready in {time.monotonic() - began:.1f} s ({len(ready)} of {len(self.executors)})")
 
         threads = [
             threading.Thread(target=start_one, args=(n, e), daemon=True) for n, e in self.executors.items()

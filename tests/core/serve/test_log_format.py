@@ -60,6 +60,11 @@ def test_text_lines_are_whole_and_alike(testfamily_site, tmp_path):
     checkpoint = next(line for line in lines if ": checkpoint " in line)
     assert os.path.isdir(checkpoint.split(": checkpoint ", 1)[1])  # the whole path on one line
     assert any(" INFO uvicorn.access: " in line and "POST /v1/audio/speech" in line for line in lines)
+    # a line as each stage is ready (loading is where a server's start takes its time)
+    ready = [re.search(r"stage '(\w+)' ready in [\d.]+ s \((\d) of 3\)", line) for line in lines]
+    ready = [m.groups() for m in ready if m]
+    assert sorted(name for name, _ in ready) == ["frontend", "listener", "tts"]
+    assert [count for _, count in ready] == ["1", "2", "3"]
 
 
 def test_a_stage_process_logs_as_its_server_chose():
