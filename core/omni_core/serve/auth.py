@@ -6,17 +6,57 @@ Open without the key: ``/health`` (the readiness probe), ``/metrics`` unless
 ``--public-docs``, and the playground's page and files (``/``, ``/playground`` and each of its
 files by name, ``playground.PATHS``): they hold no data, and the API calls the page makes carry
 the key.
+
+WebSocket handshakes pass the same rule (the key as a bearer header, or in OpenAI's subprotocol
+form ``openai-insecure-api-key.<key>`` that browsers can send), and one more: a handshake from a
+web page of another origin is refused (403), with or without a key, since a socket, unlike a
+``fetch``, is not held back by the browser's same-origin policy.
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+import hmac
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, Request, WebSocket
 
 from omni_core.serve import playground
 from omni_core.serve.errors import APIError
 
 HEALTH = "/health"
 METRICS = "/metrics"
+# OpenAI's browser form: the key rides in Sec-WebSocket-Protocol, beside the "realtime" protocol
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+
+
+def offered_key(websocket: WebSocket) -> tuple[str | None, list[str]]:
+    """The key a WebSocket client sent (bearer header or subprotocol) and its other subprotocols."""
+    header = websocket.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    key = token.strip() if scheme.lower() == "bearer" else None
+    others = []
+    for protocol in websocket.scope.get("subprotocols", []):
+        if protocol.startswith(KEY_SUBPROTOCOL):
+            key = key or protocol[len(KEY_SUBPROTOCOL) :]
+        else:
+            others.append(protocol)
+    return key, others
+
+
+def check_websocket(websocket: WebSocket, api_key: str | None) -> None:
+    """``APIError`` for a handshake from another origin's page (403) or without the key (401)."""
+    origin = websocket.headers.get("origin")
+    if origin and urlsplit(origin).netloc.lower() != websocket.headers.get("host", "").lower():
+        raise APIError(
+            403, f"a page of another origin ({origin}) may not open this socket", type="permission_error", code="cross_origin"
+        )
+    key, _ = offered_key(websocket)
+    if api_key and (key is None or not hmac.compare_digest(key.encode(), api_key.encode())):
+        raise APIError(
+            401,
+            f"Incorrect or missing API key: send 'Authorization: Bearer <key>' or the subprotocol '{KEY_SUBPROTOCOL}<key>'",
+            code="invalid_api_key",
+        )
 
 
 def docs_paths(app: FastAPI) -> set[str]:
@@ -51,4 +91,10 @@ class AuthMiddleware:
                 self.state.check_auth(Request(scope))
             except APIError as exc:
                 return await exc.response()(scope, receive, send)
+        elif scope["type"] == "websocket":
+            websocket = WebSocket(scope, receive, send)
+            try:
+                check_websocket(websocket, self.state.config.api_key)
+            except APIError as exc:
+                return await websocket.send_denial_response(exc.response())
         await self.app(scope, receive, send)

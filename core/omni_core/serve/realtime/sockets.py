@@ -10,7 +10,6 @@ pipeline sees. A refused handshake is answered with the HTTP API's own error (40
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -21,6 +20,7 @@ from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from omni_core.pipeline import RequestFailed
+from omni_core.serve.auth import offered_key
 from omni_core.serve.errors import APIError, from_invalid_input
 from omni_core.serve.exceptions import InvalidInput
 from omni_core.serve.state import ServerState, Slot
@@ -28,8 +28,6 @@ from omni_core.serve.streaming import stage_failure
 
 log = logging.getLogger("omni.serve")
 
-# OpenAI's browser form: the key rides in Sec-WebSocket-Protocol, beside the "realtime" protocol
-KEY_SUBPROTOCOL = "openai-insecure-api-key."
 MAX_MESSAGE_BYTES = 16 * 2**20  # a text frame is parsed whole: a bound on one message
 QUEUE_WAIT_S = 30.0  # the longest a handshake waits in the admission queue
 DRAIN_POLL_S = 0.5  # how often a waiting socket looks whether the server drains
@@ -71,20 +69,6 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
 
-def _offered_key(websocket: WebSocket) -> tuple[str | None, list[str]]:
-    """The key the client sent (bearer header or subprotocol) and its other subprotocols."""
-    header = websocket.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    key = token.strip() if scheme.lower() == "bearer" else None
-    others = []
-    for protocol in websocket.scope.get("subprotocols", []):
-        if protocol.startswith(KEY_SUBPROTOCOL):
-            key = key or protocol[len(KEY_SUBPROTOCOL) :]
-        else:
-            others.append(protocol)
-    return key, others
-
-
 class Socket:
     """An accepted WebSocket with its admission slot: ``open`` accepts it (or answers the
     handshake with the HTTP error), ``receive_json`` waits for the next client message within the
@@ -102,19 +86,11 @@ class Socket:
         self._send_lock = asyncio.Lock()
 
     async def open(self, check=None) -> bool:
-        """Checks the key, runs ``check()`` (the endpoint's own checks of the handshake: it raises
-        ``APIError``) and takes an admission slot, then accepts; False (the handshake refused with
-        the HTTP API's error) when any of them fails."""
-        key, protocols = _offered_key(self.websocket)
+        """Runs ``check()`` (the endpoint's own checks of the handshake, past AuthMiddleware's of
+        the key and origin: it raises ``APIError``) and takes an admission slot, then accepts;
+        False (the handshake refused with the HTTP API's error) when either fails."""
+        _, protocols = offered_key(self.websocket)  # the key and origin passed AuthMiddleware
         try:
-            expected = self.state.config.api_key
-            if expected and (key is None or not hmac.compare_digest(key.encode(), expected.encode())):
-                raise APIError(
-                    401,
-                    "Incorrect or missing API key: send 'Authorization: Bearer <key>' or the "
-                    f"subprotocol '{KEY_SUBPROTOCOL}<key>'",
-                    code="invalid_api_key",
-                )
             if check is not None:
                 check()
             self.slot = await self._admit()
