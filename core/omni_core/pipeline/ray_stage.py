@@ -138,7 +138,11 @@ class RayStage(ProcessStage):
         self.parent_pid = None
 
     def _bind(self, socket: zmq.Socket, ipc_path: str) -> str:
-        return bind_address(socket, "tcp", ipc_path, host=self.placement.runtime_address)
+        # an actor on the runtime's node reaches it on loopback: nothing else on the network can
+        # connect to these sockets (which carry requests' inputs and take emits unauthenticated);
+        # one on another node needs the node's address (docs/runtime.md, Placement on Ray)
+        host = "127.0.0.1" if self.placement.same_node(self.name) else self.placement.runtime_address
+        return bind_address(socket, "tcp", ipc_path, host=host)
 
     def _launch(self, args: tuple):
         options = self.placement.scheduling(self.name)
