@@ -74,3 +74,30 @@ def test_a_drain_tells_an_idle_socket_and_closes_it(slow_server):  # last: it st
         assert closed.value.rcvd.code == 1001
     # the socket held an admission slot: once it closed, the drain had nothing left to wait for
     assert slow_server.process.wait(timeout=20) == 0, slow_server.log()
+
+
+def test_a_sentence_past_the_request_timeout_ends_with_an_error_event(testfamily_site, tmp_path):
+    """A sentence is a request: --request-timeout bounds it as it bounds an HTTP request, and it
+    is stopped in every stage, the socket staying open for the next."""
+    server = ServerProcess(testfamily_site, tmp_path, "--api-key", API_KEY, "--request-timeout", "1", step_ms=400).wait_ready()
+    try:
+        with _open(server) as ws:
+            ws.send(json.dumps({"type": "config", "model": "testfamily", "voice": "alloy"}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+            ws.send(json.dumps({"type": "text", "text": "many words " * 25 + "and that is all. "}))  # ~10 s of steps
+            began = time.monotonic()
+            events = []
+            while not events or events[-1].get("type") != "error":
+                message = ws.recv(timeout=30)
+                if isinstance(message, str):
+                    events.append(json.loads(message))
+            assert events[-1]["error"]["code"] == "deadline_exceeded" and events[-1]["index"] == 0
+            assert time.monotonic() - began < 8
+            ws.send(json.dumps({"type": "end"}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "done"
+        deadline = time.monotonic() + 5
+        while _busy(server.url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _busy(server.url) == 0
+    finally:
+        assert server.stop() == 0, server.log()

@@ -127,6 +127,12 @@ class Socket:
             raise
         return Slot(self.state, self.endpoint)
 
+    def deadline(self) -> float | None:
+        """The deadline of one request the socket runs (a sentence, a turn): ``--request-timeout``
+        from now, as an HTTP request's (None: the server sets none)."""
+        timeout = self.state.config.request_timeout_s
+        return None if timeout is None else time.monotonic() + timeout
+
     def track(self, handle: Any) -> Any:
         self.handles.add(handle)
         self.state.in_flight.add(handle)

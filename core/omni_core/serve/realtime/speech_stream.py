@@ -204,7 +204,7 @@ class SpeechStream:
         except (APIError, InvalidInput) as exc:
             await self.socket.send({**error_event_of(exc), "index": index})
             return
-        handle = self.socket.track(omni.submit(inputs))
+        handle = self.socket.track(omni.submit(inputs, deadline=self.socket.deadline()))
         encoder = StreamEncoder("pcm", omni.sample_rate)
         samples = 0
         try:

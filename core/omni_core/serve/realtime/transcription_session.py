@@ -208,7 +208,7 @@ class TranscriptionSession:
             inputs = await asyncio.to_thread(
                 omni.transcription_inputs, samples, RATE, language=config.language, prompt=config.prompt
             )
-            handle = self.socket.track(omni.submit(inputs))
+            handle = self.socket.track(omni.submit(inputs, deadline=self.socket.deadline()))
             text = ""
             async for event in handle:
                 if event.name != "text":
