@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 
 from omni_core.comm.framing import FramingError
+from omni_core.pipeline import control_keys
 from omni_core.pipeline.control import Channel, ChannelClosed, bind_address, receive
 from omni_core.pipeline.stage_process import run_stage_process
 from omni_core.scheduler.executor import Executor, Message, StageContext
@@ -66,6 +67,8 @@ class ProcessStage(Executor):
         self.pid: int | None = None
         self.start_seconds = 1.0  # how long the last start took: how soon a restart is expected back
         self._restart_began = 0.0
+        self._keys = None  # ControlKeys where the child connects from another host (RayStage)
+        self._auth = None  # the ZAP handler that lets in the keys' client alone
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -82,6 +85,9 @@ class ProcessStage(Executor):
         base = os.path.join(self._dir, f"{self.name[:20]}-{self._generation}")
         push = self._zmq.socket(zmq.PUSH)
         pull = self._zmq.socket(zmq.PULL)
+        if self._keys is not None:
+            for socket in (push, pull):
+                control_keys.serve(socket, self._keys)
         inbox = self._bind(push, base + "-in")
         outbox = self._bind(pull, base + "-out")
         process = self._launch(
@@ -96,6 +102,7 @@ class ProcessStage(Executor):
                 self.parent_pid,
                 plugins_needed(self.pipeline.plugin_manager, self.stage, self.transport_name, self.device),
                 self.transport.peer_options(self.peer),
+                None if self._keys is None else self._keys.client_side(),
             )
         )
         try:
@@ -165,6 +172,8 @@ class ProcessStage(Executor):
                 self._out.close()
             if self._pull is not None:
                 self._pull.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
         self._zmq.term()
         shutil.rmtree(self._dir, ignore_errors=True)
 

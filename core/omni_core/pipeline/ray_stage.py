@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 
 from omni_core.pipeline.control import bind_address
+from omni_core.pipeline.control_keys import ControlKeys, authenticator
 from omni_core.pipeline.process_stage import ProcessStage, StageProcessError
 from omni_core.pipeline.ray_placement import actor_device
 from omni_core.pipeline.stage_process import run_stage_process
@@ -134,6 +135,9 @@ class RayStage(ProcessStage):
         self.transport_name = transport_name
         self.transport = getattr(self.transport, "for_peer", lambda _: self.transport)(peer)
         self.device = actor_device(device, placement.bundles[stage.name])
+        if not placement.same_node(stage.name):  # its control sockets face the network: keys
+            self._keys = ControlKeys.new()
+            self._auth = authenticator(self._zmq, self._keys)
         # the runtime is not the actor's parent: the actor watches its raylet (StageActor.run)
         self.parent_pid = None
 

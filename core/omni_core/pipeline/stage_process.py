@@ -19,6 +19,7 @@ import zmq
 from omni_core import logs
 from omni_core.comm.framing import FramingError
 from omni_core.pipeline.control import Channel, receive
+from omni_core.pipeline.control_keys import connect_with
 from omni_core.pipeline.process_exit import exit_without_finalizing
 from omni_core.pipeline.stage_host import build_executor, release_request
 
@@ -36,12 +37,17 @@ def run_stage_process(
     parent_pid: int | None,
     plugins: list[str] | None = None,
     transport_options: dict[str, Any] | None = None,
+    keys: dict[str, bytes] | None = None,
 ) -> None:
+    """``keys``: the CURVE keys to connect with, where the runtime is on another host."""
     logs.configure_from_environment()
     context = zmq.Context()
     pull = context.socket(zmq.PULL)
-    pull.connect(inbox)
     push = context.socket(zmq.PUSH)
+    if keys is not None:
+        for socket in (pull, push):
+            connect_with(socket, keys)
+    pull.connect(inbox)
     push.connect(outbox)
     try:
         from omni_core.hooks import PluginManager
