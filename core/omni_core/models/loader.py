@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from omni_core import progress
 from omni_core.models.layers import PackedLinear
 
 _PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2), "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
@@ -50,7 +51,8 @@ def iter_safetensors(checkpoint_dir: str | Path, prefix: str = "") -> Iterator[t
     its own part)."""
     from safetensors import safe_open
 
-    for path in safetensors_files(checkpoint_dir, prefix):
+    files = safetensors_files(checkpoint_dir, prefix)
+    for path in progress.each(files, f"loading {Path(checkpoint_dir).name}{' ' + prefix.rstrip('.') if prefix else ''} weights (files)"):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 if name.startswith(prefix):

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from omni_core import progress
 from omni_core.models import kernels, native
 from omni_core.models.attention import AttentionMetadata, ForwardContext
 from omni_core.models.cpu_linear import pack_cpu_linears
@@ -447,7 +448,8 @@ class ModelRunner:
     @torch.inference_mode()
     def _capture_graphs(self, sizes: list[int], widths: list[int]) -> None:
         pool = None
-        for size, width in sorted(((s, w) for s in sizes for w in widths), reverse=True):
+        shapes = sorted(((s, w) for s in sizes for w in widths), reverse=True)
+        for size, width in progress.each(shapes, "capturing decode graphs (batch sizes x KV widths)"):
             st = self._static_inputs(size, width)
             meta = AttentionMetadata(st["slots"], st["block_tables"], st["context_lens"], st["query_lens"], 1, self.block_size)
             ctx = ForwardContext(meta, self.backend, self.kv_caches, False)
