@@ -44,11 +44,9 @@ def _usage(usage: dict) -> dict:
     return usage
 
 
-@router.post(ENDPOINT)
-async def create_speech(body: SpeechRequest, request: Request):
-    state = request.app.state.omni_state
-    state.check_model(body.model)
-    fmt = check_output_format(body.response_format)
+def voice_of(body: SpeechRequest) -> bytes | None:
+    """Checks that a speech request names a voice or brings a reference; its reference audio
+    (decoded; an empty one is refused, as empty audio, not taken for none) or None."""
     if body.voice_name() is None and body.reference_audio is None:
         raise APIError(
             400,
@@ -58,23 +56,35 @@ async def create_speech(body: SpeechRequest, request: Request):
         )
     if body.reference_text is not None and body.reference_audio is None:
         raise APIError(400, "reference_text needs reference_audio", param="reference_text")
-    # an empty reference is refused (as empty audio), not taken for none
-    reference = decode_base64(body.reference_audio, "reference_audio") if body.reference_audio is not None else None
+    return decode_base64(body.reference_audio, "reference_audio") if body.reference_audio is not None else None
+
+
+def speech_inputs(omni, body: SpeechRequest, text: str, reference: bytes | None = None) -> dict:
+    """The pipeline inputs of a speech request: its ``text`` (the input, or one sentence of it on
+    the streamed-text socket) with the request's voice, reference, speed, seed and sampling."""
+    return omni.speech_inputs(
+        text,
+        body.voice_name(),
+        reference_audio=reference,
+        reference_text=body.reference_text,
+        instructions=body.instructions,
+        speed=body.speed,
+        seed=body.seed,
+        sampling=body.sampling(),
+    )
+
+
+@router.post(ENDPOINT)
+async def create_speech(body: SpeechRequest, request: Request):
+    state = request.app.state.omni_state
+    state.check_model(body.model)
+    fmt = check_output_format(body.response_format)
+    reference = voice_of(body)
     slot = await state.admit(ENDPOINT, request)
     streaming = False  # from here on the stream's generator releases the slot
     try:
         omni = state.ready_omni()
-        inputs = await asyncio.to_thread(
-            omni.speech_inputs,
-            body.input,
-            body.voice_name(),
-            reference_audio=reference,
-            reference_text=body.reference_text,
-            instructions=body.instructions,
-            speed=body.speed,
-            seed=body.seed,
-            sampling=body.sampling(),
-        )
+        inputs = await asyncio.to_thread(speech_inputs, omni, body, body.input, reference)
         handle = slot.track(omni.submit(inputs, deadline=slot.deadline))
         rate = omni.sample_rate
         if body.stream_format is None:

@@ -34,7 +34,8 @@ from omni_core.serve.exceptions import InvalidInput
 from omni_core.serve.protocol import SpeechRequest
 from omni_core.serve.realtime.sentences import SentenceCutter
 from omni_core.serve.realtime.sockets import Socket, SocketClosed, error_event, error_event_of
-from omni_core.surface.audio_codecs import StreamEncoder, decode_base64
+from omni_core.serve.speech import speech_inputs, voice_of
+from omni_core.surface.audio_codecs import StreamEncoder
 
 router = APIRouter()
 ENDPOINT = "/v1/audio/speech/stream"
@@ -118,20 +119,11 @@ class SpeechStream:
                 "the stream sends raw pcm (16-bit mono): response_format must be pcm",
                 param="response_format",
             )
-        if config.voice_name() is None and config.reference_audio is None:
-            raise APIError(
-                400,
-                "voice is required unless reference_audio is given",
-                param="voice",
-                code="missing_required_parameter",
-            )
-        if config.reference_text is not None and config.reference_audio is None:
-            raise APIError(400, "reference_text needs reference_audio", param="reference_text")
+        reference = voice_of(config)
         omni = self.state.ready_omni()
-        if config.reference_audio is not None:
-            self.reference = decode_base64(config.reference_audio, "reference_audio")
+        self.reference = reference
         # the voice is resolved once now, so a config naming an unknown voice is refused here
-        await asyncio.to_thread(self._inputs, omni, config, "Ready.")
+        await asyncio.to_thread(speech_inputs, omni, config, "Ready.", reference)
         self.config = config
         await self.socket.send({"type": "ready", "sample_rate": omni.sample_rate, "response_format": "pcm"})
 
@@ -169,19 +161,6 @@ class SpeechStream:
 
     # -- speaking -------------------------------------------------------------------------------
 
-    @staticmethod
-    def _inputs(omni, config: SpeechRequest, text: str, reference: bytes | None = None) -> dict:
-        return omni.speech_inputs(
-            text,
-            config.voice_name(),
-            reference_audio=reference,
-            reference_text=config.reference_text,
-            instructions=config.instructions,
-            speed=config.speed,
-            seed=config.seed,
-            sampling=config.sampling(),
-        )
-
     async def speak(self) -> None:
         """Speaks each sentence as it comes, in order, until the end of the text."""
         index = 0
@@ -200,7 +179,7 @@ class SpeechStream:
     async def _speak_one(self, index: int, sentence: str) -> None:
         try:
             omni = self.state.ready_omni()  # refuses once the server drains
-            inputs = await asyncio.to_thread(self._inputs, omni, self.config, sentence, self.reference)
+            inputs = await asyncio.to_thread(speech_inputs, omni, self.config, sentence, self.reference)
         except (APIError, InvalidInput) as exc:
             await self.socket.send({**error_event_of(exc), "index": index})
             return
