@@ -224,3 +224,25 @@ class Socket:
             slot, self.slot = self.slot, None
             await slot.release()
         await self._close_socket(code, reason)
+
+
+async def run_until_closed(socket: Socket, endpoint: str, *jobs) -> None:
+    """Run a socket's coroutines (its receiver and its worker) until the first ends; an error
+    other than the socket closing is told to the client as an error event. Then the rest are
+    cancelled and the socket closed (its requests aborted, its slot given back)."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                error = task.exception()
+                if not isinstance(error, SocketClosed):
+                    log.warning("%s: the socket failed: %r", endpoint, error)
+                    await socket.send(error_event_of(error))
+    except SocketClosed:
+        pass
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await socket.close()

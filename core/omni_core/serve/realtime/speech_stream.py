@@ -33,7 +33,12 @@ from omni_core.serve.errors import APIError
 from omni_core.serve.exceptions import InvalidInput
 from omni_core.serve.protocol import SpeechRequest
 from omni_core.serve.realtime.sentences import SentenceCutter
-from omni_core.serve.realtime.sockets import Socket, SocketClosed, error_event, error_event_of
+from omni_core.serve.realtime.sockets import (
+    Socket,
+    error_event,
+    error_event_of,
+    run_until_closed,
+)
 from omni_core.serve.speech import speech_inputs, voice_of
 from omni_core.surface.audio_codecs import StreamEncoder
 
@@ -219,20 +224,4 @@ async def speech_stream(websocket: WebSocket):
     if not await socket.open():
         return
     stream = SpeechStream(socket)
-    receiver = asyncio.ensure_future(stream.receive())
-    speaker = asyncio.ensure_future(stream.speak())
-    try:
-        await asyncio.wait({receiver, speaker}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (receiver, speaker):
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                error = task.exception()
-                if not isinstance(error, SocketClosed):
-                    log.warning("%s: the socket failed: %r", ENDPOINT, error)
-                    await socket.send(error_event_of(error))
-    except SocketClosed:
-        pass
-    finally:
-        for task in (receiver, speaker):
-            task.cancel()
-        await asyncio.gather(receiver, speaker, return_exceptions=True)
-        await socket.close()
+    await run_until_closed(socket, ENDPOINT, stream.receive(), stream.speak())

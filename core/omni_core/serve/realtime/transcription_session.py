@@ -23,7 +23,13 @@ from omni_core.serve.exceptions import InvalidInput
 from omni_core.serve.realtime import vad
 from omni_core.serve.realtime.input_audio import InputAudioBuffer, decode_pcm16
 from omni_core.serve.realtime.session_config import SessionConfig, updated
-from omni_core.serve.realtime.sockets import Socket, SocketClosed, error_event, error_event_of, new_id
+from omni_core.serve.realtime.sockets import (
+    Socket,
+    error_event,
+    error_event_of,
+    new_id,
+    run_until_closed,
+)
 from omni_core.serve.realtime.turns import TurnDetector
 from omni_core.serve.realtime.vad import RATE, WINDOW
 
@@ -277,20 +283,4 @@ async def realtime(websocket: WebSocket):
     except vad.VadUnavailable:
         config = SessionConfig(model=state.config.served_model_name, turn_detection=None)
     session = TranscriptionSession(socket, config)
-    receiver = asyncio.ensure_future(session.receive())
-    transcriber = asyncio.ensure_future(session.transcribe())
-    try:
-        await asyncio.wait({receiver, transcriber}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (receiver, transcriber):
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                error = task.exception()
-                if not isinstance(error, SocketClosed):
-                    log.warning("%s: the session failed: %r", ENDPOINT, error)
-                    await socket.send(error_event_of(error))
-    except SocketClosed:
-        pass
-    finally:
-        for task in (receiver, transcriber):
-            task.cancel()
-        await asyncio.gather(receiver, transcriber, return_exceptions=True)
-        await socket.close()
+    await run_until_closed(socket, ENDPOINT, session.receive(), session.transcribe())
