@@ -2,8 +2,8 @@
 
 ```python
 from omni_core import Omni
-with Omni(family="cosyvoice3", preset="tiny") as omni:
-    result = omni.speech("Hello there", voice="default")   # result.audio (float32), result.sample_rate
+with Omni(family=NAME, preset="tiny") as omni:      # any installed family (`omni families`)
+    result = omni.speech("Hello there", voice=VOICE)   # result.audio (float32), result.sample_rate
 ```
 
 The HTTP server is a thin layer over the same object: it builds the same entry payloads
