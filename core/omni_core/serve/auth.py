@@ -29,11 +29,25 @@ METRICS = "/metrics"
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 
 
+def bearer_key(headers) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header, None without one."""
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def key_matches(offered: str | None, expected: str) -> bool:
+    return offered is not None and hmac.compare_digest(offered.encode(), expected.encode())
+
+
+def check_http(request: Request, api_key: str | None) -> None:
+    """``APIError`` 401 for a request without the key (when the server has one)."""
+    if api_key and not key_matches(bearer_key(request.headers), api_key):
+        raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+
 def offered_key(websocket: WebSocket) -> tuple[str | None, list[str]]:
     """The key a WebSocket client sent (bearer header or subprotocol) and its other subprotocols."""
-    header = websocket.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    key = token.strip() if scheme.lower() == "bearer" else None
+    key = bearer_key(websocket.headers)
     others = []
     for protocol in websocket.scope.get("subprotocols", []):
         if protocol.startswith(KEY_SUBPROTOCOL):
@@ -51,7 +65,7 @@ def check_websocket(websocket: WebSocket, api_key: str | None) -> None:
             403, f"a page of another origin ({origin}) may not open this socket", type="permission_error", code="cross_origin"
         )
     key, _ = offered_key(websocket)
-    if api_key and (key is None or not hmac.compare_digest(key.encode(), api_key.encode())):
+    if api_key and not key_matches(key, api_key):
         raise APIError(
             401,
             f"Incorrect or missing API key: send 'Authorization: Bearer <key>' or the subprotocol '{KEY_SUBPROTOCOL}<key>'",
@@ -88,7 +102,7 @@ class AuthMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in self.open:
             try:
-                self.state.check_auth(Request(scope))
+                check_http(Request(scope), self.state.config.api_key)
             except APIError as exc:
                 return await exc.response()(scope, receive, send)
         elif scope["type"] == "websocket":

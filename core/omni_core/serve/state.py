@@ -4,7 +4,6 @@ requests in flight, and the drain that SIGTERM starts."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,19 +87,6 @@ class ServerState:
         if self.load_error:
             return "failed"
         return "ready" if self.omni is not None else "loading"
-
-    def check_auth(self, request: Request) -> None:
-        key = self.config.api_key
-        if not key:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise APIError(
-                401,
-                "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-            )
 
     def check_model(self, name: str | None) -> None:
         if not name:
