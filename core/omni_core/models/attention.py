@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from omni_core.models.grouped_decode import grouped_decode, plan_decode_groups
+from omni_core.models.kernels import varlen_prefill
 from omni_core.models.layers import apply_rotary
 from omni_core.models.native import host_ops, paged_decode, paged_prefill
 
@@ -80,7 +81,8 @@ class SdpaBackend:
     fuses_rotary = True  # forward takes ``rope``: on the host kernel, rotary and cache write are one pass
 
     def __init__(self, per_sequence: bool | None = None, native: bool = True):
-        # None: per sequence for prefill, the host kernel or grouped by length for CPU decode,
+        # None: for prefill the host kernel on CPU, one varlen kernel for several prompts elsewhere,
+        # else per sequence; for CPU decode the host kernel or grouped by length;
         # padded batch for CUDA decode
         self.per_sequence = per_sequence
         self.native = native  # CPU float32 decode and prefill on the host C kernels where preferred (models/native)
@@ -95,8 +97,12 @@ class SdpaBackend:
                 meta.cache["decode_plan"] = plan_decode_groups(meta.block_tables, meta.host_context_lens, meta.block_size)
             return
         if self._per_sequence(meta):
-            if self.per_sequence is None and self.native and meta.block_tables.device.type == "cpu" and paged_prefill.preferred():
+            on_host = meta.block_tables.device.type == "cpu"
+            if self.per_sequence is None and self.native and on_host and paged_prefill.preferred():
                 meta.cache["native_prefill"] = max(meta.host_context_lens)  # CPU prefill by default: the C kernel reading the paged cache
+            elif self.per_sequence is None and not on_host and len(meta.host_query_lens) > 1:
+                # several prompts on an accelerator: one varlen kernel a layer, not one call a prompt
+                meta.cache["varlen"] = varlen_prefill.plan(meta.block_tables, meta.block_size, meta.host_query_lens, meta.host_context_lens)
             else:
                 meta.cache["seq_slots"] = self._sequence_slots(meta)
             return
@@ -163,6 +169,11 @@ class SdpaBackend:
                     q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_lens, meta.cache["native_prefill"], meta.block_size, scale
                 )
             if "seq_slots" not in meta.cache:  # shapes or a cache the kernel does not take: SDPA per sequence
+                meta.cache["seq_slots"] = self._sequence_slots(meta)
+        if "varlen" in meta.cache:
+            if varlen_prefill.supports(q, k_cache):
+                return varlen_prefill.attend(q, k_cache, v_cache, meta.cache["varlen"], scale)
+            if "seq_slots" not in meta.cache:  # a dtype or head size the kernel does not take: SDPA per sequence
                 meta.cache["seq_slots"] = self._sequence_slots(meta)
         if "seq_slots" in meta.cache:
             return self._forward_per_sequence(q, k, v, k_cache, v_cache, meta, scale)
