@@ -40,8 +40,9 @@ class RequestGone(Exception):
 def fail_request(context: StageContext, request_id: str, exc: BaseException, what: str = "") -> None:
     """Fails a request for a worker's exception: the client gets ``describe_error``, the server's
     log the traceback. ``InvalidInput`` (the request's content, not the stage, is at fault) is a
-    400 whose message is the family's alone; where it was raised goes to the log, one line."""
-    if type(exc).__name__ == "InvalidInput":
+    400 whose message is the family's alone (``InputTooLarge``: a 413); where it was raised goes
+    to the log, one line."""
+    if type(exc).__name__ in ("InvalidInput", "InputTooLarge"):
         log.info("stage %r refused request %s: %s%s", context.stage, request_id, exc, _where(exc))
         context.fail(request_id, f"{what}{type(exc).__name__}: {exc}")
         return

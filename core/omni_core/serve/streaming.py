@@ -40,7 +40,10 @@ def stage_failure(exc: RequestFailed) -> APIError:
             code="stage_restarting",
             headers={"Retry-After": str(seconds)},
         )
-    # a stage that rejects the request's content raises an exception named InvalidInput: a 400
+    # a stage that rejects the request's content raises an exception named InvalidInput: a 400,
+    # or InputTooLarge (well formed, but more than the model holds): a 413
+    if exc.message.startswith("InputTooLarge:"):
+        return APIError(413, str(exc), type="invalid_request_error", code="too_large")
     if exc.message.startswith("InvalidInput:"):
         return APIError(400, str(exc), type="invalid_request_error", code="invalid_input")
     return APIError(500, str(exc), type="server_error", code="stage_failed")

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-from omni_core.hooks import InvalidInput
+from omni_core.hooks import InputTooLarge, InvalidInput
 from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
@@ -121,9 +121,11 @@ class DualARWorker(ARStageWorker):
         ids = torch.as_tensor(p["token_ids"], dtype=torch.int64)
         frames = torch.as_tensor(p["frames"], dtype=torch.int64).reshape(self.num_codebooks, -1)
         limit = self.max_model_len or self.slow.config.max_position_embeddings
-        if ids.numel() >= limit:
-            raise InvalidInput(
-                f"the prompt is {ids.numel()} tokens; the model holds {limit} with the reply", "input"
+        if ids.numel() >= limit:  # segments (``segments``) keep text short: the rest is the reference's
+            raise InputTooLarge(
+                f"fish-s2pro: the prompt (text and reference) is {ids.numel()} tokens; the model holds "
+                f"{limit} tokens (max_model_len) with its reply",
+                "input",
             )
         is_frame = (ids >= self.ids.semantic_begin) & (ids <= self.ids.semantic_end)
         if int(is_frame.sum()) != frames.shape[1]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -204,3 +205,21 @@ def test_bad_input_is_a_clear_400_and_the_server_carries_on(client, server):
         _speak(client, extra_body={"top_p": 0})
     assert len(_speak(client, input="Still here.", extra_body={"seed": 2})) > 0
     assert httpx.get(f"{server[0]}/health").status_code == 200
+
+
+def test_text_the_prompt_cannot_hold_is_a_413_naming_the_limit(client, server):
+    # one speaker turn is never cut (segments keep turns whole), and this one's UTF-8 bytes, each
+    # a token of the tiny byte-level tokenizer, pass the tiny model's 4096 positions
+    turn = "<|speaker:0|>" + "été " * 700
+    limit = "the model holds 4096 tokens (max_model_len) with its reply"
+    with pytest.raises(openai.APIStatusError, match=re.escape(limit)) as refused:
+        _speak(client, input=turn)
+    assert refused.value.status_code == 413
+    assert refused.value.body["code"] == "too_large" and refused.value.body["type"] == "invalid_request_error"
+    streamed = httpx.post(
+        f"{server[0]}/v1/audio/speech",
+        json={"model": "fish-s2pro", "voice": "default", "input": turn, "stream_format": "audio"},
+        timeout=60,
+    )
+    assert streamed.status_code == 413 and limit in streamed.json()["error"]["message"]
+    assert len(_speak(client, input="Still here.", extra_body={"seed": 2})) > 0
