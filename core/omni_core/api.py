@@ -329,7 +329,8 @@ class Omni:
         if parts and len(parts) > 1:
             from omni_core.pipeline import SegmentedHandle
 
-            return SegmentedHandle(self.pipeline, parts, request_id, deadline=deadline)
+            ahead = 0 if self.spec.segments_in_turn else 1
+            return SegmentedHandle(self.pipeline, parts, request_id, ahead=ahead, deadline=deadline)
         return self.pipeline.submit(inputs, request_id=request_id, deadline=deadline)
 
     # -- tasks ------------------------------------------------------------------------------------

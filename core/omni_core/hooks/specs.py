@@ -63,7 +63,9 @@ class FamilySpec:
     payloads of its segments (a long text, sentence by sentence): they run as requests one after
     another and their audio is joined in order (``omni_core.pipeline.SegmentedHandle``); a list
     of one payload leaves the request whole. It runs on the server's event loop (keep it cheap)
-    and once with a short text at start-up, to load what it needs then.
+    and once with a short text at start-up, to load what it needs then. Each segment starts while
+    the one before is still read, unless ``segments_in_turn``: then it starts once the one before
+    has ended, for a family whose segment prompts carry what the segments before generated.
     ``options`` names the build options the family reads (``--option KEY=VALUE``), each with one
     line saying its default and what it does; where given, keys it does not name are refused
     (``check_option_names``) and ``omni families NAME`` lists them. None: undeclared, unchecked.
@@ -80,6 +82,7 @@ class FamilySpec:
     input_sample_rate: int | None = None  # of audio the family consumes (transcription, chat)
     voices: Callable[[str], list[Voice]] | None = None
     split_speech: Callable[[str, dict[str, Any]], list[dict[str, Any]]] | None = None
+    segments_in_turn: bool = False
     checkpoint_tasks: Callable[[str], tuple[str, ...]] | None = None
     description: str = ""
     options: dict[str, str] | None = None

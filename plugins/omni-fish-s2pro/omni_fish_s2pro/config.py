@@ -134,6 +134,7 @@ class TokenIds:
     im_start: int
     im_end: int
     voice: int
+    turn_end: tuple[int, ...] = ()  # ``<|im_end|>\n``, which closes a turn
 
 
 @functools.lru_cache(maxsize=8)
@@ -167,4 +168,5 @@ def token_ids(checkpoint_dir: str, codebook_size: int) -> TokenIds:
         im_start=find(IM_START),
         im_end=find(IM_END),
         voice=find(VOICE),
+        turn_end=tuple(tok.encode(f"{IM_END}\n", add_special_tokens=False).ids),
     )

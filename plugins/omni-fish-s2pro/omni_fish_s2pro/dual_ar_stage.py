@@ -11,7 +11,8 @@ Each engine step, for the whole batch at once:
 
 A request ends on ``<|im_end|>`` (its frame is not voiced) or at its length limit. When a
 preempted request is recomputed, ``before_prefill`` gives its generated rows the same inputs
-their decode steps had.
+their decode steps had. A segment of a long text carries the segments spoken before it in its
+prompt (``segment_context``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from omni_core.scheduler.sampling_params import SamplingParams
 from .config import TokenIds
 from .fast_ar import FastAR
 from .sampling import RAS_WINDOW, StepSampler
+from .segment_context import SpokenSegments, SpokenTurn, with_context
 from .slow_ar import SlowAR
 
 # the reference server's defaults, for both ARs as it does (no repetition penalty: the slow AR samples
@@ -46,6 +48,7 @@ class Speaking:
     prompt_len: int
     seed: int
     params: SamplingParams
+    prompt_ids: list[int] = field(default_factory=list)  # with the earlier segments it carries
     frames: list[torch.Tensor] = field(default_factory=list)  # per generated step: its codes [num_codebooks]
 
 
@@ -94,9 +97,20 @@ class DualARHooks(ARHooks):
         batch.step_outputs["codes"] = to_host_later(codes)  # one copy for the step, queued before its tokens
 
 
+@dataclass
+class Segment:
+    """A segment being spoken: what its turn will be once it ends (``segment_context``)."""
+
+    segment: dict
+    turn_ids: list[int]
+    codes: list[torch.Tensor] = field(default_factory=list)  # per voiced step: [1, num_codebooks]
+
+
 class DualARWorker(ARStageWorker):
-    """Input: ``prompt`` ({"token_ids", "frames" [num_codebooks, n], "seed", "sampling"}).
-    Output: ``codes`` ({"codes": [frames, num_codebooks]}), one frame a step."""
+    """Input: ``prompt`` ({"token_ids", "frames" [num_codebooks, n], "turn_start", "segment",
+    "seed", "sampling"}). Output: ``codes`` ({"codes": [frames, num_codebooks]}), one frame a
+    step. ``segment_context``: how many earlier segments of a long text a segment's prompt
+    carries."""
 
     def __init__(
         self,
@@ -106,6 +120,7 @@ class DualARWorker(ARStageWorker):
         engine_config: EngineConfig,
         max_new_tokens: int = 1024,
         sampling: dict | None = None,
+        segment_context: int = 2,
     ):
         super().__init__(slow, engine_config=engine_config)
         self.hooks = DualARHooks(self)
@@ -115,6 +130,8 @@ class DualARWorker(ARStageWorker):
         self.device = next(slow.parameters()).device
         self.num_codebooks = slow.num_codebooks
         self.sampling = StepSampler(self.device, self.num_codebooks)
+        self.spoken = SpokenSegments(segment_context)
+        self.segments: dict[str, Segment] = {}  # request id -> the segment it speaks
 
     def make_request(self, message: Message) -> EngineRequest:
         p = message.payload
@@ -127,6 +144,17 @@ class DualARWorker(ARStageWorker):
                 f"{limit} tokens (max_model_len) with its reply",
                 "input",
             )
+        segment, turn_start = p.get("segment"), int(p.get("turn_start") or 0)
+        if segment and 0 < turn_start < ids.numel() and self.spoken.keep > 0:
+            own_turn = ids[turn_start:].tolist()
+            carried = self.spoken.before(segment)
+            if carried:  # leaving a whole reply's room
+                spliced, frames, _ = with_context(
+                    ids.tolist(), frames, turn_start, carried, self.ids.semantic_begin,
+                    self.ids.turn_end, limit - self.max_new_tokens,
+                )  # fmt: skip
+                ids = torch.as_tensor(spliced, dtype=torch.int64)
+            self.segments[message.request_id] = Segment(segment, own_turn)
         is_frame = (ids >= self.ids.semantic_begin) & (ids <= self.ids.semantic_end)
         if int(is_frame.sum()) != frames.shape[1]:
             raise InvalidInput(
@@ -140,7 +168,7 @@ class DualARWorker(ARStageWorker):
         seed = p.get("seed")
         seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF if seed is None else int(seed) % (1 << 31)
         params = self._params(p.get("sampling") or {}, seed, limit - ids.numel())
-        state = Speaking(prompt_len=ids.numel(), seed=seed, params=params)
+        state = Speaking(prompt_len=ids.numel(), seed=seed, params=params, prompt_ids=ids.tolist())
         return EngineRequest(message.request_id, prompt_embeds=embeds, params=params, extras={"fish": state})
 
     def _params(self, requested: dict, seed: int, room: int) -> SamplingParams:
@@ -178,6 +206,14 @@ class DualARWorker(ARStageWorker):
 
     def on_output(self, request_id, new_token_ids, finished, step_outputs, emit) -> bool:
         voiced = bool(new_token_ids) and new_token_ids[-1] != self.ids.im_end
+        segment = self.segments.get(request_id)
+        if segment is not None:
+            if voiced:
+                segment.codes.append(step_outputs["codes"].to(torch.int64).reshape(1, self.num_codebooks))
+            if finished:  # kept before the end goes out: the next segment starts once it is read
+                del self.segments[request_id]
+                codes = torch.cat([torch.zeros(0, self.num_codebooks, dtype=torch.int64), *segment.codes])
+                self.spoken.ended(segment.segment, SpokenTurn(segment.turn_ids, codes.T.contiguous()))
         if voiced:
             emit(
                 "codes",
@@ -187,3 +223,8 @@ class DualARWorker(ARStageWorker):
         elif finished:
             emit("codes", {"codes": torch.zeros(0, self.num_codebooks, dtype=torch.int64)}, end=True)
         return False
+
+    def release(self, request_id: str) -> None:
+        segment = self.segments.pop(request_id, None)
+        if segment is not None:  # the request is over: its later segments are aborted too
+            self.spoken.failed(segment.segment)

@@ -127,6 +127,8 @@ class FrontendWorker:
             {
                 "token_ids": prompt.token_ids,
                 "frames": prompt.frames,
+                "turn_start": prompt.turn_start,
+                "segment": payload.get("segment"),
                 "seed": payload.get("seed"),
                 "sampling": dict(payload.get("sampling") or {}),
             },

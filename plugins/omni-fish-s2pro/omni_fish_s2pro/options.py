@@ -11,6 +11,7 @@ OPTIONS = {
     "max_model_len": "prompt + reply tokens (the model's max_seq_len)",
     "cuda_graphs": "the slow AR's decode steps in CUDA graphs on CUDA (true)",
     "max_new_tokens": "frames a reply may speak, ~46 ms each (1024)",
+    "segment_context": "earlier segments of a long text a segment's prompt carries (one voice); 0: none (2)",
     "temperature": "the default sampling temperature of both ARs; 0: greedy (0.8)",
     "top_p": "the default top-p (0.8)",
     "top_k": "the default top-k (30)",

@@ -54,6 +54,7 @@ def omni_families():
             sample_rate=44100,
             voices=voices,
             split_speech=split_speech,
+            segments_in_turn=True,  # a segment's prompt carries the codes of those before (segment_context)
             description="Fish Audio S2-Pro TTS: dual-AR (slow + fast AR) with zero-shot voice cloning, 44.1 kHz",
             options=OPTIONS,
             reference_limits=REFERENCE_LIMITS,

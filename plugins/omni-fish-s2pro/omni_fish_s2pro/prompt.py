@@ -40,6 +40,7 @@ def reserved_in(text: str) -> str | None:
 class Prompt:
     token_ids: list[int]
     frames: torch.Tensor  # [num_codebooks, n]: the codes of the prompt's frames, in order
+    turn_start: int = 0  # where the user's turn begins (after the system turn and its frames)
 
 
 def build_prompt(
@@ -66,6 +67,8 @@ def build_prompt(
         tokens += [ids.semantic_begin + int(c) for c in frames[0]]
     else:
         tokens += encode(PLAIN_INSTRUCTION)
-    tokens += encode(f"{IM_END}\n") + encode(f"{IM_START}user\n") + encode(text) + encode(f"{IM_END}\n")
+    tokens += encode(f"{IM_END}\n")
+    turn_start = len(tokens)
+    tokens += encode(f"{IM_START}user\n") + encode(text) + encode(f"{IM_END}\n")
     tokens += encode(f"{IM_START}assistant\n{VOICE}")
-    return Prompt(tokens, frames)
+    return Prompt(tokens, frames, turn_start)

@@ -5,11 +5,16 @@
 Text with speaker tags (``<|speaker:N|>``) is cut between turns only, as the reference groups
 whole turns. Other text is cut and packed by the core's rules (``omni_core.surface.segments``:
 sentences, then clauses, words, characters) up to the budget, which no segment passes.
+
+Each segment's payload names its request's segments (``segment``: a ``group`` id, its ``index``
+and their ``count``): the dual AR carries the codes of the segments before into its prompt
+(``segment_context``), so the plugin runs them in turn (``FamilySpec.segments_in_turn``).
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 from omni_core.surface import segments
@@ -34,4 +39,9 @@ def split_speech(checkpoint_dir: str, payload: dict[str, Any]) -> list[dict[str,
     text = payload.get("text")
     if not isinstance(text, str) or not text.strip():
         return [payload]  # the frontend answers for it
-    return segments.segment_payloads(payload, split_text(text))
+    parts = segments.segment_payloads(payload, split_text(text))
+    if len(parts) > 1:
+        group = uuid.uuid4().hex
+        for index, part in enumerate(parts):
+            part["segment"] = {"group": group, "index": index, "count": len(parts)}
+    return parts

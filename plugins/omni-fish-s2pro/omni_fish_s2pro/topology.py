@@ -46,14 +46,22 @@ def frontend_factory(context, checkpoint_dir: str, codec_dtype: str):
 
 
 def dual_ar_factory(
-    context, checkpoint_dir: str, dtype: str, engine: dict, max_new_tokens: int, sampling: dict
+    context,
+    checkpoint_dir: str,
+    dtype: str,
+    engine: dict,
+    max_new_tokens: int,
+    sampling: dict,
+    segment_context: int = 2,
 ):
     cfg = load_config(checkpoint_dir)
     torch_dtype = resolve_dtype(dtype, context.device)
     slow = load_slow_ar(checkpoint_dir, context.device, torch_dtype)
     fast = load_fast_ar(checkpoint_dir, context.device, torch_dtype)
     ids = token_ids(checkpoint_dir, cfg.codebook_size)
-    return DualARWorker(slow, fast, ids, EngineConfig(dtype=torch_dtype, **engine), max_new_tokens, sampling)
+    return DualARWorker(
+        slow, fast, ids, EngineConfig(dtype=torch_dtype, **engine), max_new_tokens, sampling, segment_context
+    )
 
 
 def codec_factory(context, checkpoint_dir: str, codec_dtype: str, chunking: dict):
@@ -124,6 +132,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     engine=engine,
                     max_new_tokens=number_option(options, "max_new_tokens", 1024),
                     sampling=sampling,
+                    segment_context=number_option(options, "segment_context", 2, allow_zero=True),
                 ),
                 ("in",),
                 ("codes",),

@@ -42,6 +42,19 @@ def test_parts_run_in_turn_and_read_as_one_request():
         assert wait_idle(pipeline)["running"] == 0
 
 
+def test_with_none_ahead_each_part_starts_once_the_one_before_ended():
+    # what FamilySpec.segments_in_turn asks for: a part's input may depend on the one before
+    with Pipeline(toy.cosyvoice_like(delay_s=0.01), plugin_manager=toy.core_plugins()) as pipeline:
+        handle = SegmentedHandle(pipeline, [{"text": t} for t in TEXTS], ahead=0)
+        running = []
+        events = []
+        while (event := handle.get(timeout=10)) is not None:
+            running.append(pipeline.stats()["running"])
+            events.append(event)
+        assert max(running) == 1
+        assert torch.allclose(audio_of(events), torch.cat([toy.reference_cosyvoice(t) for t in TEXTS]))
+
+
 def test_async_iteration_gives_the_same_events():
     async def consume(handle):
         return [event async for event in handle]

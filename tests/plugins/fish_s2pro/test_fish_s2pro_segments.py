@@ -36,3 +36,11 @@ def test_each_segment_takes_the_next_seed():
     )
     assert len(parts) > 1 and [p["seed"] for p in parts] == list(range(5, 5 + len(parts)))
     assert all(p["voice"] == "default" for p in parts)
+
+
+def test_segments_name_their_request_so_each_can_carry_those_before():
+    parts = split_speech("unused", {"text": "A sentence that is long enough. " * 20, "seed": None})
+    groups = {p["segment"]["group"] for p in parts}
+    assert len(groups) == 1 and [p["segment"]["index"] for p in parts] == list(range(len(parts)))
+    assert all(p["segment"]["count"] == len(parts) for p in parts)
+    assert "segment" not in split_speech("unused", {"text": "Short."})[0]  # one request: nothing to carry
