@@ -21,7 +21,8 @@ from omni_core.serve.auth import AuthMiddleware, open_paths
 from omni_core.serve.errors import APIError, QuietStreamCuts, install_error_handlers
 from omni_core.serve.metrics import MetricsMiddleware
 from omni_core.serve.openapi import install_openapi
-from omni_core.serve.realtime import speech_stream, transcription_session
+from omni_core.serve.realtime import endpoint as realtime_endpoint
+from omni_core.serve.realtime import speech_stream
 from omni_core.serve.state import ServeConfig, ServerState
 from omni_core.serve.streaming import ClientGone
 
@@ -110,7 +111,7 @@ def create_app(
     app.include_router(info.open_router)
     # the sockets check the API key themselves: the middleware sees HTTP only
     app.include_router(speech_stream.router)
-    app.include_router(transcription_session.router)
+    app.include_router(realtime_endpoint.router)
     app.include_router(playground.router)
     # a JSON body carries at most an upload's worth of base64 audio (4/3 of its bytes) and text
     app.add_middleware(JsonBodyLimitMiddleware, limit=lambda: int(config.limits.max_upload_mb * 2**20 * 1.5) + 2**20)

@@ -192,7 +192,8 @@ def test_an_idle_socket_is_told_and_closed(server):
 
 
 def test_realtime_transcription_is_refused_by_a_family_that_does_not_transcribe(server):
-    url = server.url.replace("http://", "ws://") + "/v1/realtime?model=cosyvoice3"
+    # /v1/realtime opens speech sessions here; a transcription session is asked for by intent
+    url = server.url.replace("http://", "ws://") + "/v1/realtime?model=cosyvoice3&intent=transcription"
     with pytest.raises(InvalidStatus) as refused:
         connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=30)
     assert refused.value.response.status_code == 400

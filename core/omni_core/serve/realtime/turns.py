@@ -23,6 +23,9 @@ class ServerVad:
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
+    # conversation sessions: a turn that ends asks for a response; one that starts cancels it
+    create_response: bool = True
+    interrupt_response: bool = True
 
 
 @dataclass

@@ -1,0 +1,57 @@
+"""What every /v1/realtime session shares: its id, server events with their ids, and the loop
+that reads client events and hands each to its handler (a message that is not an event, an
+unknown type and a refused event each get an ``error`` event; the socket stays open)."""
+
+from __future__ import annotations
+
+from omni_core.serve.errors import APIError
+from omni_core.serve.exceptions import InvalidInput
+from omni_core.serve.realtime.sockets import Socket, error_event, error_event_of, new_id
+
+
+class RealtimeSession:
+    kind = "realtime"  # the session's type as error messages name it
+
+    def __init__(self, socket: Socket, config):
+        self.socket = socket
+        self.state = socket.state
+        self.config = config
+        self.session_id = new_id("sess")
+
+    def handlers(self) -> dict:
+        """Client event type -> coroutine taking the event."""
+        raise NotImplementedError
+
+    def busy(self) -> bool:
+        """Whether work of the session runs (the idle timeout waits for it)."""
+        return False
+
+    async def send(self, kind: str, **fields) -> None:
+        await self.socket.send({"type": kind, "event_id": new_id("event"), **fields})
+
+    async def receive(self) -> None:
+        await self.send("session.created", session=self.config.describe(self.session_id))
+        handlers = self.handlers()
+        while True:
+            event, refused = await self.socket.receive_json(self.busy)
+            if refused is not None:
+                await self.socket.send(error_event(refused, "invalid_event"))
+                continue
+            kind = event.get("type")
+            client_event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+            handler = handlers.get(kind)
+            if handler is None:
+                await self.socket.send(
+                    error_event(
+                        f"unknown or unsupported event type {kind!r} in a {self.kind} session; "
+                        f"send one of {', '.join(handlers)}",
+                        "unknown_event",
+                        param="type",
+                        event_id=client_event_id,
+                    )
+                )
+                continue
+            try:
+                await handler(event)
+            except (APIError, InvalidInput) as exc:
+                await self.socket.send(error_event_of(exc, client_event_id))
