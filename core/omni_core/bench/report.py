@@ -100,6 +100,9 @@ def table_rows(result: dict) -> list[tuple[str, list[str]]]:
         row("underrun total (s), requests", lambda lv: f"{_fmt(lv['underrun_s']['total'], 2)}, "
                                                          f"{lv['requests_with_underrun']}")
         row("underrun p50/p95/p99 (s)", lambda lv: _triple(lv["underrun_s"], 3))
+        # the low tail matters: how close to a gap the worst streams came
+        row("least buffer p1/p5/p50 (s)", lambda lv: " / ".join(
+            _fmt(lv.get("min_buffer_s", {}).get(k), 2) for k in ("p1", "p5", "p50")))
     if any(lv["wer"] is not None for lv in levels):
         row("word error rate", lambda lv: "-" if lv["wer"] is None else f"{lv['wer']:.1%}")
     row("errors by status", lambda lv: ", ".join(f"{k}: {v}" for k, v in lv["errors"].items()) or "none")

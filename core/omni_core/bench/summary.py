@@ -10,6 +10,7 @@ import jiwer
 import numpy as np
 
 from omni_core.bench.records import RequestRecord
+from omni_core.playback import PlaybackBuffer, playback_underrun
 
 PERCENTILES = (50, 95, 99)
 
@@ -38,24 +39,6 @@ def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> flo
     return float(jiwer.wer(list(refs), list(hyps), reference_transform=_WER_WORDS, hypothesis_transform=_WER_WORDS))
 
 
-def playback_underrun(chunks: Sequence[tuple[float, float]]) -> float:
-    """Seconds a real-time player would have waited for audio once playback started.
-
-    Playback starts when the first chunk arrives and consumes audio at 1x speed; whenever the
-    buffer runs dry before the next chunk arrives, the player stalls until it does.
-    """
-    if not chunks:
-        return 0.0
-    stalled = 0.0
-    play_until = chunks[0][0]  # the time the buffered audio runs out
-    for arrival, seconds in chunks:
-        if arrival > play_until:
-            stalled += arrival - play_until
-            play_until = arrival
-        play_until += seconds
-    return stalled
-
-
 @dataclass
 class LevelSummary:
     concurrency: int
@@ -75,6 +58,9 @@ class LevelSummary:
     rtf: dict[str, float | None] = field(default_factory=dict)  # per-request latency / audio seconds
     underrun_s: dict[str, float | None] = field(default_factory=dict)
     requests_with_underrun: int = 0
+    # each streamed request's least audio left in the listener's buffer when later audio arrived
+    # (seconds; negative: a stall): how close to a gap the stream came
+    min_buffer_s: dict[str, float | None] = field(default_factory=dict)
     wer: float | None = None  # transcriptions whose dataset row gives the spoken text
 
     def to_json(self) -> dict:
@@ -99,6 +85,7 @@ def summarize(
     underruns = [playback_underrun(r.chunks) for r in streamed]
     underrun = percentiles(underruns)
     underrun["total"] = float(sum(underruns)) if underruns else None
+    lowest = [low for low in (_lowest_buffer(r.chunks) for r in streamed) if low is not None]
     wall = max(duration_s, 1e-9)
     scored = [r for r in ok if r.reference_text]
     return LevelSummary(
@@ -119,8 +106,16 @@ def summarize(
         rtf={"mean": float(np.mean(rtfs)) if rtfs else None, **percentiles(rtfs)},
         underrun_s=underrun,
         requests_with_underrun=sum(1 for u in underruns if u > 0),
+        min_buffer_s=percentiles(lowest, (1, 5, 50)),
         wer=word_error_rate([r.reference_text for r in scored], [r.output_text for r in scored]),
     )
+
+
+def _lowest_buffer(chunks) -> float | None:
+    buffer = PlaybackBuffer()
+    for arrival, seconds in chunks:
+        buffer.add(arrival, seconds)
+    return buffer.lowest
 
 
 def _ms(seconds: dict[str, float | None]) -> dict[str, float | None]:

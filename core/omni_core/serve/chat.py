@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from omni_core.api import to_numpy
 from omni_core.pipeline import RequestFailed
+from omni_core.playback import PlaybackBuffer
 from omni_core.serve.protocol import ChatRequest
 from omni_core.serve.streaming import (
     RequestAborted,
@@ -113,6 +114,7 @@ async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, 
     encoder = StreamEncoder(fmt, rate) if wants_audio else None
     final: dict = {}
     first_audio_at = None
+    playback = PlaybackBuffer()
 
     yield _chunk(reply, {"role": "assistant", "content": ""})
     try:
@@ -129,9 +131,11 @@ async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, 
                     )
                     yield _chunk(reply, delta)
             elif event.name == "audio" and encoder is not None and "audio" in payload:
-                data = encoder.feed(to_numpy(payload["audio"]))
+                audio = to_numpy(payload["audio"])
+                data = encoder.feed(audio)
                 if data:
                     first_audio_at = first_audio_at or time.perf_counter()
+                    playback.add(time.perf_counter(), len(audio) / rate)
                     yield _chunk(reply, {"audio": {"id": audio_id, "data": base64.b64encode(data).decode()}})
         if encoder is not None:
             tail = encoder.close()
@@ -145,6 +149,7 @@ async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, 
             encoder.discard()
     if first_audio_at is not None:
         state.metrics.first_audio.labels(ENDPOINT).observe(first_audio_at - slot.started)
+        state.metrics.observe_playback(ENDPOINT, playback)
     yield _chunk(reply, {}, finish=final.get("finish_reason", "stop"))
     if body.stream_options is None or body.stream_options.include_usage:
         yield sse({**reply, "object": "chat.completion.chunk", "choices": [], "usage": _usage(final)})

@@ -1,5 +1,6 @@
 """Prometheus metrics of one server: request counts and latencies per endpoint, time to first
-audio, real-time factor, admission gauges and the pipeline's per-stage gauges (KV-cache use of
+audio, real-time factor, streamed audio's playback margin (as a real-time listener of what the
+server sent would hear it: the least buffered audio and the gaps), admission gauges and the pipeline's per-stage gauges (KV-cache use of
 AR stages) read at scrape time.
 
 Requests are counted when their response starts, so a client that has its status line is
@@ -15,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# seconds of audio a streamed reply's listener had left at the worst moment (negative: a gap)
+BUFFER_BUCKETS = (-2, -1, -0.5, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 5, 10)
 RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5, 10)
 ENDPOINTS = (
     "/v1/audio/speech",
@@ -98,6 +101,20 @@ class ServerMetrics:
             buckets=RTF_BUCKETS,
             registry=r,
         )
+        self.least_buffer = Histogram(
+            "omni_stream_least_buffer_seconds",
+            "Least audio a real-time listener of a streamed reply had buffered when more arrived "
+            "(negative: it waited that long)",
+            ["endpoint"],
+            buckets=BUFFER_BUCKETS,
+            registry=r,
+        )
+        self.underrun = Counter(
+            "omni_stream_underrun_seconds",
+            "Seconds real-time listeners of streamed replies waited for audio once playback started",
+            ["endpoint"],
+            registry=r,
+        )
         self.audio_seconds = Counter(
             "omni_audio_seconds", "Seconds of audio produced or consumed", ["endpoint"], registry=r
         )
@@ -117,6 +134,12 @@ class ServerMetrics:
             lambda: admission.queued
         )
         r.register(_StageCollector(runtime_stats))
+
+    def observe_playback(self, endpoint: str, buffer) -> None:
+        """A streamed reply's ``PlaybackBuffer`` at its end (as the server sent the audio)."""
+        if buffer.lowest is not None:
+            self.least_buffer.labels(endpoint).observe(buffer.lowest)
+        self.underrun.labels(endpoint).inc(buffer.stalled)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

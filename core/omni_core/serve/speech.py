@@ -13,6 +13,7 @@ from fastapi.responses import Response
 
 from omni_core.api import to_numpy
 from omni_core.pipeline import RequestFailed
+from omni_core.playback import PlaybackBuffer
 from omni_core.serve.errors import APIError
 from omni_core.serve.protocol import SpeechRequest
 from omni_core.serve.streaming import (
@@ -128,6 +129,7 @@ async def _encoded(state, slot, first, rest, fmt: str, rate: int):
     samples = 0
     first_audio_at = None
     usage: dict = {}
+    playback = PlaybackBuffer()
     try:
         async for event in all_events(first, rest, slot.handle):
             if event.name != "audio":
@@ -141,12 +143,14 @@ async def _encoded(state, slot, first, rest, fmt: str, rate: int):
             if data:
                 if first_audio_at is None:
                     first_audio_at = time.perf_counter()
+                playback.add(time.perf_counter(), len(audio) / rate)
                 yield data, usage
         tail = encoder.close()
         if tail and first_audio_at is None:
             first_audio_at = time.perf_counter()
         yield tail, usage
         _observe(state, slot.started, first_audio_at, samples / rate)
+        state.metrics.observe_playback(ENDPOINT, playback)
     finally:
         encoder.discard()  # nothing left to do after close(); closes it when the stream was cut
         await slot.release()

@@ -1,6 +1,7 @@
 import pytest
 from omni_core.bench.records import RequestRecord
 from omni_core.bench.summary import percentiles, playback_underrun, summarize, word_error_rate
+from omni_core.playback import PlaybackBuffer
 
 
 def test_percentiles_interpolate_linearly():
@@ -22,6 +23,17 @@ def test_player_waits_for_late_chunks_only_after_playback_starts():
     # the third lands at 6.2, in time, and extends playback to 7.25; the last at 8.0 (0.75 s).
     chunks = [(5.0, 0.5), (6.0, 0.25), (6.2, 1.0), (8.0, 0.1)]
     assert playback_underrun(chunks) == pytest.approx(0.5 + 0.75)
+
+
+def test_buffer_margin_counts_down_and_records_the_lowest_point():
+    buffer = PlaybackBuffer()
+    assert buffer.margin(0.0) is None
+    buffer.add(1.0, 0.5)  # plays 1.0 .. 1.5
+    assert buffer.margin(1.2) == pytest.approx(0.3)
+    buffer.add(1.3, 2.0)  # 0.2 s left when it came: plays until 3.5
+    buffer.add(4.0, 1.0)  # 0.5 s late: stalls, then plays 4.0 .. 5.0
+    assert (buffer.lowest, buffer.stalled, buffer.seconds) == (pytest.approx(-0.5), pytest.approx(0.5), 3.5)
+    assert buffer.margin(4.5) == pytest.approx(0.5)
 
 
 def _ok(start, first, end, chunks=(), input_seconds=0.0):
@@ -53,6 +65,9 @@ def test_summary_counts_rates_and_errors():
     assert summary.rtf["mean"] == pytest.approx((1.0 / 2.0 + 2.0 / 2.0) / 2)
     assert summary.underrun_s["total"] == pytest.approx(1.2)
     assert summary.requests_with_underrun == 1
+    # least buffer: 0.6 s left when the first stream's second chunk came; -1.2 s for the second
+    assert summary.min_buffer_s["p1"] == pytest.approx(-1.2 + 0.01 * 1.8)
+    assert summary.min_buffer_s["p50"] == pytest.approx((0.6 - 1.2) / 2)
 
 
 def test_transcription_summary_uses_input_audio():

@@ -61,8 +61,9 @@ def test_speech_in_every_format(client, server):
     assert metric(server.url, "omni_time_to_first_audio_seconds_count", endpoint="/v1/audio/speech") >= 1
 
 
-def test_streamed_speech_equals_whole(client):
+def test_streamed_speech_equals_whole(client, server):
     whole = pcm(client, voice="echo")
+    streams_before = metric(server.url, "omni_stream_least_buffer_seconds_count", endpoint="/v1/audio/speech")
     with client.audio.speech.with_streaming_response.create(
         model="testfamily", input=TEXT, voice="echo", response_format="pcm", stream_format="audio"
     ) as response:
@@ -71,6 +72,9 @@ def test_streamed_speech_equals_whole(client):
         chunks = [chunk for chunk in response.iter_bytes(chunk_size=None) if chunk]
     assert len(chunks) > 1  # produced and sent chunk by chunk
     np.testing.assert_array_equal(np.frombuffer(b"".join(chunks), dtype="<i2"), whole)
+    # the stream's playback margin, as a real-time listener of what was sent would have it
+    assert metric(server.url, "omni_stream_least_buffer_seconds_count", endpoint="/v1/audio/speech") == streams_before + 1
+    assert 'omni_stream_underrun_seconds_total{endpoint="/v1/audio/speech"}' in httpx.get(f"{server.url}/metrics", timeout=5).text
 
 
 def test_speech_sse_deltas_then_done(client, server):
