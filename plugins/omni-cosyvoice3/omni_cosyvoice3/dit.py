@@ -9,6 +9,7 @@ projected queries/keys (the first head), with interleaved pairs, as the checkpoi
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -49,11 +50,25 @@ class CausalConvPositionEmbedding(nn.Module):
         self.conv1 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
         self.conv2 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
+    def forward(self, x: torch.Tensor, past=None) -> torch.Tensor:  # [B, T, D]
+        if past is not None:
+            return self._continue(x, past)
         h = x.transpose(1, 2)
         h = self.conv1(F.pad(h, (self.kernel_size - 1, 0)))
         h = self.conv2(F.pad(h, (self.kernel_size - 1, 0)))
         return h.transpose(1, 2)
+
+    def _continue(self, x: torch.Tensor, past) -> torch.Tensor:
+        """New frames after cached ones: each conv's left context is the cached last
+        ``kernel - 1`` inputs (zeros before the first frame, as the padding), not padding."""
+        context = past.conv_context()  # [B, 2 convs, kernel - 1, D]
+        first = torch.cat([context[:, 0], x], dim=1)
+        h = self.conv1(first.transpose(1, 2)).transpose(1, 2)
+        second = torch.cat([context[:, 1], h], dim=1)
+        out = self.conv2(second.transpose(1, 2)).transpose(1, 2)
+        last = past.last_frames()[:, :, None].expand(-1, -1, x.shape[2])
+        past.keep_conv_context(torch.stack([first.gather(1, last), second.gather(1, last)], dim=1))
+        return out
 
 
 class InputEmbedding(nn.Module):
@@ -62,10 +77,10 @@ class InputEmbedding(nn.Module):
         self.proj = nn.Linear(mel_dim * 2 + mu_dim + spk_dim, out_dim)
         self.conv_pos_embed = CausalConvPositionEmbedding(out_dim)
 
-    def forward(self, x, cond, mu, spks) -> torch.Tensor:
+    def forward(self, x, cond, mu, spks, past=None) -> torch.Tensor:
         spks = spks[:, None, :].expand(-1, x.shape[1], -1)
         h = self.proj(torch.cat([x, cond, mu, spks], dim=-1))
-        return self.conv_pos_embed(h) + h
+        return self.conv_pos_embed(h, past) + h
 
 
 class RotaryEmbedding(nn.Module):
@@ -111,15 +126,19 @@ class Attention(nn.Module):
         self.register_buffer("qkv_bias", bias, persistent=False)
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+        self, x: torch.Tensor, attn_mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], past=None
     ) -> torch.Tensor:
+        """``past``: the cached frames' keys/values of this block (``past(k, v)`` adds the new
+        frames' and returns all), so only the new frames are queries."""
         b, t, _ = x.shape
         if hasattr(self, "qkv_weight"):
             q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).chunk(3, dim=-1)
         else:
             q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        q, k, v = (z.reshape(b, t, self.heads, self.dim_head).transpose(1, 2) for z in (q, k, v))
+        if past is not None:
+            k, v = past(k, v)
+        q, k, v = (z.unflatten(2, (self.heads, self.dim_head)).transpose(1, 2) for z in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, -1))
 
@@ -154,11 +173,11 @@ class DiTBlock(nn.Module):
         self.ff_norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.ff = FeedForward(dim, ff_mult)
 
-    def forward(self, x, mod, attn_mask, rope, valid) -> torch.Tensor:
+    def forward(self, x, mod, attn_mask, rope, valid, past=None) -> torch.Tensor:
         """``mod`` [B, 6, dim]: this block's AdaLN-zero modulation of the time embedding."""
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mod[:, :, None].unbind(1)
         h = self.attn_norm.norm(x) * (1 + scale_a) + shift_a
-        x = x + gate_a * (self.attn(h, attn_mask, rope) * valid)
+        x = x + gate_a * (self.attn(h, attn_mask, rope, past) * valid)
         h = self.ff_norm(x) * (1 + scale_f) + shift_f
         return x + gate_f * self.ff(h)
 
@@ -196,14 +215,21 @@ class DiT(nn.Module):
         self.register_buffer("mod_weight", torch.cat([m.weight for m in linears]).detach(), persistent=False)
         self.register_buffer("mod_bias", torch.cat([m.bias for m in linears]).detach(), persistent=False)
 
-    def forward(self, x, valid, mu, t, spks, cond, streaming: torch.Tensor) -> torch.Tensor:
-        """x, mu, cond: [B, 80, T]; valid, streaming: [B, T], [B] bool; t: [B]; spks: [B, 80] -> [B, 80, T]."""
+    def forward(self, x, valid, mu, t, spks, cond, streaming: torch.Tensor, past=None) -> torch.Tensor:
+        """x, mu, cond: [B, 80, T]; valid, streaming: [B, T], [B] bool; t: [B]; spks: [B, 80] -> [B, 80, T].
+
+        With ``past`` (a ``flow_cache.CachedBatch`` at this Euler step) the T frames are each
+        row's new frames after its cached ones, under the chunk mask."""
         x, mu, cond = x.transpose(1, 2), mu.transpose(1, 2), cond.transpose(1, 2)
         t_emb = self.time_embed(t)
-        h = self.input_embed(x, cond, mu, spks)
+        h = self.input_embed(x, cond, mu, spks, past)
         b, seq, dim = h.shape
-        rope = self.rotary_embed.tables(seq, self.transformer_blocks[0].attn.to_q.out_features)
-        attn_mask = chunk_attention_mask(valid, streaming, self.static_chunk_size)
+        width = self.transformer_blocks[0].attn.to_q.out_features
+        if past is None:
+            rope = self.rotary_embed.tables(seq, width)
+            attn_mask = chunk_attention_mask(valid, streaming, self.static_chunk_size)
+        else:
+            rope, attn_mask = past.rope(self.rotary_embed, width), past.mask
         valid_f = valid[:, :, None].to(h.dtype)
         act = F.silu(t_emb)
         if hasattr(self, "mod_weight"):
@@ -214,8 +240,9 @@ class DiT(nn.Module):
             )
         else:
             mods = [blk.attn_norm.linear(act).view(b, 6, dim) for blk in self.transformer_blocks]
-        for block, mod in zip(self.transformer_blocks, mods, strict=True):
-            h = block(h, mod, attn_mask, rope, valid_f)
+        for layer, (block, mod) in enumerate(zip(self.transformer_blocks, mods, strict=True)):
+            kv = None if past is None else functools.partial(past.extend, layer)
+            h = block(h, mod, attn_mask, rope, valid_f, kv)
         scale, shift = self.norm_out.linear(act).chunk(2, dim=1)
         h = self.norm_out.norm(h) * (1 + scale[:, None]) + shift[:, None]
         return self.proj_out(h).transpose(1, 2)

@@ -16,6 +16,7 @@ from torch import nn
 
 from .config import FlowConfig
 from .dit import DiT
+from .flow_cache import FlowCache
 from .graph_buckets import GraphBuckets
 
 NOISE_FRAMES = 50 * 300  # 300 s of 50 Hz mel frames of fixed noise
@@ -51,12 +52,17 @@ class ConditionalCFM(nn.Module):
         )
 
     @torch.inference_mode()
-    def forward(self, mu, valid, spks, cond, streaming) -> torch.Tensor:
+    def forward(self, mu, valid, spks, cond, streaming, past=None) -> torch.Tensor:
+        """``past`` (a ``flow_cache.CachedBatch``): the frames are each row's new frames after
+        its cached ones, starting at its own position of the fixed noise."""
         b, _, t = mu.shape
         if t > NOISE_FRAMES:
             raise ValueError(f"utterance of {t} mel frames exceeds the {NOISE_FRAMES}-frame limit")
         # the ODE state stays float32 whatever the estimator's dtype
-        x = self.rand_noise[:, :, :t].float().expand(b, -1, -1).clone()
+        if past is None:
+            x = self.rand_noise[:, :, :t].float().expand(b, -1, -1).clone()
+        else:
+            x = self.rand_noise[0][:, past.positions.clamp(max=NOISE_FRAMES - 1)].float().transpose(0, 1)
         grid = 1 - torch.cos(
             torch.linspace(0, 1, self.cfg.n_timesteps + 1, device=mu.device) * 0.5 * torch.pi
         )
@@ -73,7 +79,10 @@ class ConditionalCFM(nn.Module):
             t_now, dt = grid[step], grid[step + 1] - grid[step]
             tt = t_now.expand(2 * b).to(mu.dtype)
             x_in = x.to(mu.dtype)
-            v = self.estimator(torch.cat([x_in, x_in]), valid2, mu2, tt, spks2, cond2, streaming2).float()
+            v = self.estimator(
+                torch.cat([x_in, x_in]), valid2, mu2, tt, spks2, cond2, streaming2,
+                None if past is None else past.at(step),
+            ).float()
             v_cond, v_uncond = v[:b], v[b:]
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
         return x
@@ -81,7 +90,9 @@ class ConditionalCFM(nn.Module):
 
 @dataclass
 class FlowRequest:
-    """One row of a flow batch: all tokens so far (prompt first) and the prompt's mel [P, 80]."""
+    """One row of a flow batch: all tokens so far (prompt first) and the prompt's mel [P, 80].
+    ``first_frame``: the first frame after the prompt that the caller wants back; ``request_id``
+    names its entry in a ``FlowCache``."""
 
     tokens: torch.Tensor  # [N] int
     prompt_token_len: int
@@ -89,6 +100,8 @@ class FlowRequest:
     embedding: torch.Tensor  # [192] x-vector
     finalize: bool
     streaming: bool
+    first_frame: int = 0
+    request_id: str | None = None
 
 
 class FlowModel(nn.Module):
@@ -173,15 +186,66 @@ class FlowModel(nn.Module):
         return self.graphs
 
     @torch.inference_mode()
-    def infer(self, requests: list[FlowRequest]) -> list[torch.Tensor]:
-        """Returns, per request, the mel [80, frames] of every token after its prompt (cumulative)."""
+    def infer(self, requests: list[FlowRequest], cache: FlowCache | None = None) -> list[torch.Tensor]:
+        """Returns, per request, the mel [80, frames] of its tokens after the prompt, from its
+        ``first_frame`` on. With a ``cache``, chunk-masked calls that end on a chunk boundary
+        compute only the frames past those cached for their ``request_id`` (in one batch), and
+        cache the new ones; the other requests run in one batch over all their frames."""
+        ends = [self.total_frames(r) for r in requests]
+        cached = [
+            i
+            for i, r in enumerate(requests)
+            if cache is not None
+            and r.request_id is not None
+            and r.streaming
+            and cache.cached_frames(r.request_id) <= r.prompt_mel.shape[0] + r.first_frame
+            and cache.reserve(r.request_id, ends[i])
+        ]
+        out: list[torch.Tensor | None] = [None] * len(requests)
+        if cached:
+            for i, mel in zip(cached, self._infer_cached([requests[i] for i in cached], cache), strict=True):
+                out[i] = mel
+        rest = [i for i in range(len(requests)) if out[i] is None]
+        if rest:
+            for i, mel in zip(rest, self._infer_all([requests[i] for i in rest]), strict=True):
+                out[i] = mel
+        return out
+
+    def total_frames(self, req: FlowRequest) -> int:
+        """Frames of this call, prompt included."""
+        return req.prompt_mel.shape[0] + self.mel_frames(req)
+
+    def _infer_all(self, requests: list[FlowRequest]) -> list[torch.Tensor]:
         inputs, frames = self.prepare(requests)
         mel = None
         if self.graphs is not None:
             mel = self.graphs.run(inputs, len(requests), max(frames))
         if mel is None:
             mel = self.decoder(**inputs)
-        return [mel[i, :, r.prompt_mel.shape[0] : frames[i]] for i, r in enumerate(requests)]
+        return [mel[i, :, r.prompt_mel.shape[0] + r.first_frame : frames[i]] for i, r in enumerate(requests)]
+
+    def _infer_cached(self, requests: list[FlowRequest], cache: FlowCache) -> list[torch.Tensor]:
+        """Each row's frames past its cached ones: the inputs of those frames only (the token
+        embedding runs over all tokens: it is cheap next to the DiT), queries over them alone."""
+        inputs, frames = self.prepare(requests)
+        batch = cache.batch([r.request_id for r in requests], frames)
+        index = batch.positions.clamp(max=max(frames) - 1)  # [B, new] absolute frames
+        pick = index[:, None, :].expand(-1, self.cfg.mel_bins, -1)
+        mel = self.decoder(
+            mu=inputs["mu"].gather(2, pick),
+            valid=batch.valid,
+            spks=inputs["spks"],
+            cond=inputs["cond"].gather(2, pick),
+            streaming=inputs["streaming"],
+            past=batch,
+        )
+        batch.commit()
+        out = []
+        for i, r in enumerate(requests):
+            # frames [start, end) came back; the caller wants those from prompt + first_frame on
+            skip = r.prompt_mel.shape[0] + r.first_frame - batch.starts[i]
+            out.append(mel[i, :, skip : batch.new[i]])
+        return out
 
 
 def _pad_to(x: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:

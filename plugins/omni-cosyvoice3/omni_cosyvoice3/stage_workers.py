@@ -17,6 +17,7 @@ from omni_core.scheduler.stage_stream import StageStream
 
 from .chunking import FlowStream
 from .flow import FlowModel, FlowRequest
+from .flow_cache import FlowCache
 from .frontend import Frontend, parse_speed
 from .hift import HiftGenerator
 
@@ -62,8 +63,9 @@ class FrontendWorker:
 
 
 class FlowWorker:
-    def __init__(self, model: FlowModel, hop: int, max_hop: int):
+    def __init__(self, model: FlowModel, hop: int, max_hop: int, cache: FlowCache | None = None):
         self.model = model
+        self.cache = cache  # streamed requests' finished frames (None: every call recomputes all)
         self.stream = StageStream(model.input_embedding.weight.device)
         self.hop, self.max_hop = hop, max_hop
         self.streams: dict[str, FlowStream] = {}
@@ -128,15 +130,17 @@ class FlowWorker:
                     s.embedding,
                     final,
                     s.streaming and not final,
+                    first_frame=s.offset * self.model.cfg.token_mel_ratio,
+                    request_id=rid,
                 )
-                for _, s, end, final in runnable
+                for rid, s, end, final in runnable
             ]
-            for (rid, *_), mel in zip(runnable, self.model.infer(requests), strict=True):
+            for (rid, *_), mel in zip(runnable, self.model.infer(requests, self.cache), strict=True):
                 mels[rid] = mel
         ratio, bins = self.model.cfg.token_mel_ratio, self.model.cfg.mel_bins
-        # only the new frames leave the device, all requests' in one copy
+        # only the new frames (from the offset on) leave the device, all requests' in one copy
         pieces = [
-            mels[rid][:, s.offset * ratio : end * ratio].float().reshape(-1)
+            mels[rid][:, : (end - s.offset) * ratio].float().reshape(-1)
             for rid, s, end, _ in jobs
             if rid in mels
         ]
@@ -156,6 +160,8 @@ class FlowWorker:
                 self.release(rid)
 
     def release(self, request_id: str) -> None:
+        if self.cache is not None:
+            self.cache.free(request_id)
         self.streams.pop(request_id, None)
         self.extra.pop(request_id, None)
         self.early.pop(request_id, None)

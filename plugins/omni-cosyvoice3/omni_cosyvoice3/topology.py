@@ -17,6 +17,7 @@ from omni_core.scheduler.engine import EngineConfig
 
 from .checkpoint import check_layout, load_flow, load_hift, load_llm, load_speakers
 from .config import load_config
+from .flow_cache import FlowCache
 from .frontend import Frontend
 from .graph_buckets import parse_buckets, parse_warm
 from .llm_stage import SpeechTokenWorker
@@ -96,12 +97,15 @@ def _captures_graphs(context) -> bool:
     return platform_for(context.device).supports_graphs
 
 
-def flow_factory(context, checkpoint_dir: str, dtype: str, max_hop: int, graphs: dict | None = None):
+def flow_factory(
+    context, checkpoint_dir: str, dtype: str, max_hop: int, graphs: dict | None = None, cache_bytes: int = 0
+):
     cfg = load_config(checkpoint_dir)
     model = load_flow(checkpoint_dir, cfg).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _captures_graphs(context):
         model.use_graphs(graphs["batches"], graphs["frames"], graphs["warm"], graphs["max_work"])
-    return FlowWorker(model, cfg.chunk_size, max_hop)
+    cache = FlowCache(cfg.flow, cache_bytes, context.device, model.dtype) if cache_bytes > 0 else None
+    return FlowWorker(model, cfg.chunk_size, max_hop, cache)
 
 
 def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None):
@@ -172,6 +176,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     dtype=dtype,
                     max_hop=int(options.get("max_hop", 100)),
                     graphs=flow_graphs,
+                    cache_bytes=int(options.get("flow_cache_bytes", 0)),
                 ),
                 ("cond", "tokens"),
                 ("mel",),

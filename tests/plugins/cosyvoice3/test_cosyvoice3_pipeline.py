@@ -1,5 +1,6 @@
 """The topology on the real pipeline runtime, in process: aborts and failures leave no state
-behind in any stage (flow streams, vocoder caches, held tokens, KV blocks)."""
+behind in any stage (flow streams and cached chunks, vocoder caches, held tokens, KV blocks),
+and the flow's cache of finished chunks keeps the audio."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def _idle(pipeline: Pipeline) -> bool:
     return (
         not flow.streams
         and not flow.early
+        and (flow.cache is None or (not flow.cache.requests and flow.cache.bytes_in_use() == 0))
         and not hift.mel
         and not hift.sent
         and not llm.worker.ras_hooks.held
@@ -47,7 +49,9 @@ def _idle(pipeline: Pipeline) -> bool:
 
 def test_abort_and_failures_free_every_stage(tiny_dir):
     pipeline = Pipeline(
-        build(tiny_dir, {"max_batch": 8}), device="cpu", plugin_manager=get_plugin_manager()
+        build(tiny_dir, {"max_batch": 8, "flow_cache_bytes": 1 << 26}),
+        device="cpu",
+        plugin_manager=get_plugin_manager(),
     ).start()
     try:
         long_text = "This request is long enough that it will still be speaking when it is aborted. " * 3
@@ -97,3 +101,18 @@ def test_stages_in_processes_give_the_same_audio(tiny_dir):
         got = _speak(spawned, 5)
     assert len(got) == len(expected) > 0
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_the_flow_cache_keeps_the_audio(tiny_dir):
+    """A streamed request's audio with the flow computing only new chunks' frames equals its audio
+    with every flow call over all the frames (a reply of three chunks: 5-6 speech tokens a text token)."""
+    manager = get_plugin_manager()
+    options = {"min_token_text_ratio": 5, "max_token_text_ratio": 6, "min_length_blocks": "all"}
+    with Pipeline(build(tiny_dir, options), device="cpu", plugin_manager=manager) as plain:
+        expected = _speak(plain, 7)
+    cache = {**options, "flow_cache_bytes": 1 << 26}
+    with Pipeline(build(tiny_dir, cache), device="cpu", plugin_manager=manager) as cached:
+        got = _speak(cached, 7)
+        assert cached.executors["flow"].worker.cache.bytes_in_use() == 0
+    assert len(got) == len(expected) > 0
+    np.testing.assert_allclose(got, expected, atol=1e-4)

@@ -1,0 +1,183 @@
+"""The flow's finished frames, kept per request so a streamed request's later calls compute only
+their new frames.
+
+Under the chunk mask a frame sees only its own and earlier 50-frame chunks, every non-final call
+of a streamed request ends on a chunk boundary, the noise is fixed per frame position and the
+DiT's position conv is causal: so the frames of earlier calls evolve identically in every later
+call. ``FlowCache`` keeps, per request, the DiT's keys and values of those frames for every
+Euler step, block and CFG row, and the position conv's last ``kernel - 1`` inputs of each of its
+two convs (its left context); a later call runs only its new frames as queries, against the
+cached keys and its own.
+
+Keys and values live in one pool of 50-frame blocks (block 0 is scratch for padded frames), the
+pool sized by a byte budget and allocated on first use. A request whose next blocks do not fit
+is refused: its blocks are freed and its later calls recompute everything, as without a cache.
+The last call of a streamed request attends over all frames (the reference's rule), so it does
+not use the cache; the worker frees the request's blocks after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import FlowConfig
+
+
+@dataclass
+class CachedRequest:
+    frames: int = 0  # frames (prompt included) whose keys and values are in the pool
+    blocks: list[int] = field(default_factory=list)  # pool blocks, in frame order
+    conv_context: torch.Tensor | None = None  # [steps, 2 CFG rows, 2 convs, kernel - 1, dim]
+
+
+class FlowCache:
+    def __init__(
+        self, cfg: FlowConfig, budget_bytes: int, device: torch.device, dtype: torch.dtype, conv_kernel: int = 31
+    ):
+        self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        self.block = cfg.static_chunk_size
+        self.context = conv_kernel - 1
+        self.inner = cfg.heads * cfg.dim_head
+        item = torch.empty(0, dtype=dtype).element_size()
+        # keys and values of one frame: every Euler step, block and CFG row
+        self.frame_bytes = 2 * cfg.n_timesteps * cfg.depth * 2 * self.inner * item
+        self.blocks_total = max(0, int(budget_bytes) // (self.frame_bytes * self.block))
+        self.free_blocks = list(range(self.blocks_total, 0, -1))  # pop() hands out block 1 first
+        self.requests: dict[str, CachedRequest] = {}
+        self.refused: set[str] = set()
+        self.keys: torch.Tensor | None = None  # [steps, depth, 2 CFG rows, slots, inner]
+        self.values: torch.Tensor | None = None
+
+    def _pool(self) -> None:
+        if self.keys is None:
+            slots = (self.blocks_total + 1) * self.block
+            shape = (self.cfg.n_timesteps, self.cfg.depth, 2, slots, self.inner)
+            # zeros, not empty: padded keys are masked, but a NaN there would still poison softmax
+            self.keys = torch.zeros(shape, device=self.device, dtype=self.dtype)
+            self.values = torch.zeros(shape, device=self.device, dtype=self.dtype)
+
+    def cached_frames(self, request_id: str) -> int:
+        entry = self.requests.get(request_id)
+        return 0 if entry is None else entry.frames
+
+    def reserve(self, request_id: str, frames: int) -> bool:
+        """Whether a call that ends at ``frames`` (prompt included) can run on the cache; takes
+        the blocks its new frames need. A request refused once stays refused."""
+        if request_id in self.refused or self.blocks_total == 0:
+            return False
+        entry = self.requests.get(request_id) or CachedRequest()
+        if frames % self.block or frames <= entry.frames:
+            return False  # not on a chunk boundary: these frames may still change
+        need = frames // self.block - len(entry.blocks)
+        if need > len(self.free_blocks):
+            self.free(request_id)
+            self.refused.add(request_id)
+            return False
+        entry.blocks.extend(self.free_blocks.pop() for _ in range(need))
+        self.requests[request_id] = entry
+        self._pool()
+        return True
+
+    def commit(self, request_id: str, frames: int, conv_context: torch.Tensor) -> None:
+        """The call that reserved ``frames`` wrote its keys and values: they count from now on."""
+        entry = self.requests[request_id]
+        entry.frames, entry.conv_context = frames, conv_context
+
+    def free(self, request_id: str) -> None:
+        entry = self.requests.pop(request_id, None)
+        if entry is not None:
+            self.free_blocks.extend(reversed(entry.blocks))
+        self.refused.discard(request_id)
+
+    def bytes_in_use(self) -> int:
+        return (self.blocks_total - len(self.free_blocks)) * self.block * self.frame_bytes
+
+    def slots(self, request_id: str, start: int, end: int) -> list[int]:
+        """Pool slots of frames [start, end) of a request."""
+        blocks = self.requests[request_id].blocks
+        return [blocks[f // self.block] * self.block + f % self.block for f in range(start, end)]
+
+    def batch(self, request_ids: list[str], ends: list[int]) -> "CachedBatch":
+        return CachedBatch(self, request_ids, ends)
+
+
+class CachedBatch:
+    """One cached flow call: each row's new frames [start, end) as queries, against the pool's
+    keys [0, end). Rows are right-padded; padded frames write to and read from the scratch block.
+    The Euler loop asks ``at(step)`` for what the DiT needs at that step."""
+
+    def __init__(self, cache: FlowCache, request_ids: list[str], ends: list[int]):
+        self.cache, self.request_ids, self.ends = cache, request_ids, ends
+        self.starts = [cache.cached_frames(r) for r in request_ids]
+        b, dev = len(request_ids), cache.device
+        self.new = [e - s for s, e in zip(self.starts, ends, strict=True)]
+        n_max, t_max = max(self.new), max(ends)
+        write = torch.zeros(b, n_max, dtype=torch.long)
+        read = torch.zeros(b, t_max, dtype=torch.long)
+        contexts = []
+        steps, dim = cache.cfg.n_timesteps, cache.cfg.dim
+        for i, (rid, s, e) in enumerate(zip(request_ids, self.starts, ends, strict=True)):
+            write[i, : e - s] = torch.tensor(cache.slots(rid, s, e))
+            read[i, :e] = torch.tensor(cache.slots(rid, 0, e))
+            ctx = cache.requests[rid].conv_context
+            # zeros before the first frame: what the position conv's padding gives
+            contexts.append(ctx if ctx is not None else torch.zeros(steps, 2, 2, cache.context, dim, device=dev))
+        self.write, self.read = write.to(dev), read.to(dev)
+        # [steps, 2B (conditional rows, then unconditional), 2 convs, kernel - 1, dim]
+        stacked = torch.stack(contexts, dim=2).to(dev, cache.dtype)  # [steps, 2, B, 2, ctx, dim]
+        self.conv_in = stacked.flatten(1, 2)
+        self.conv_out = torch.empty_like(self.conv_in)
+        starts = torch.tensor(self.starts)
+        self.positions = (starts[:, None] + torch.arange(n_max)[None, :]).to(dev)  # [B, n_max]
+        self.valid = (torch.arange(n_max)[None, :] < torch.tensor(self.new)[:, None]).to(dev)
+        # the chunk mask in absolute frames: a key is seen if it exists and is in the query's chunk or before
+        chunk = cache.block
+        keys = torch.arange(t_max, device=dev)
+        reach = (self.positions // chunk + 1) * chunk
+        seen = keys[None, None, :] < reach[:, :, None]
+        exists = keys[None, None, :] < torch.tensor(ends, device=dev)[:, None, None]
+        mask = seen & exists
+        self.mask = torch.cat([mask, mask])[:, None]  # [2B, 1, n_max, t_max]
+        # each row's last kernel - 1 frames in (context + new) order: the next call's conv context
+        last = torch.tensor(self.new)[:, None] + torch.arange(cache.context)[None, :]
+        self.last = torch.cat([last, last]).to(dev)
+        self.step = 0
+        self._rope = None
+
+    def at(self, step: int) -> "CachedBatch":
+        self.step = step
+        return self
+
+    def rope(self, rotary, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables at each new frame's absolute position, [2B, n_max, width] (once a call)."""
+        if self._rope is None:
+            cos, sin = rotary.tables(max(self.ends), width)
+            cos, sin = cos[self.positions], sin[self.positions]
+            self._rope = torch.cat([cos, cos]), torch.cat([sin, sin])
+        return self._rope
+
+    def conv_context(self) -> torch.Tensor:
+        return self.conv_in[self.step]
+
+    def keep_conv_context(self, context: torch.Tensor) -> None:
+        self.conv_out[self.step] = context
+
+    def last_frames(self) -> torch.Tensor:
+        """[2B, kernel - 1] indices of each row's last ``kernel - 1`` frames in (context + new) order."""
+        return self.last
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new frames' keys/values [2B, n_max, inner] into the pool (padded frames into
+        the scratch block); return every frame's, [2B, t_max, inner]."""
+        b = len(self.request_ids)
+        pool_k, pool_v = self.cache.keys[self.step, layer], self.cache.values[self.step, layer]
+        pool_k[:, self.write] = k.unflatten(0, (2, b))
+        pool_v[:, self.write] = v.unflatten(0, (2, b))
+        return pool_k[:, self.read].flatten(0, 1), pool_v[:, self.read].flatten(0, 1)
+
+    def commit(self) -> None:
+        b = len(self.request_ids)
+        for i, (rid, end) in enumerate(zip(self.request_ids, self.ends, strict=True)):
+            self.cache.commit(rid, end, self.conv_out[:, [i, b + i]].clone())

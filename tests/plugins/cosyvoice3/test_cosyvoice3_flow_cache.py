@@ -1,0 +1,129 @@
+"""The flow's cache of finished chunks (flow_cache.py) at tiny size: streamed requests batched
+through the flow stage's worker give the same mel with the cache as without it (each later call
+computing only its new frames), a request refused by the budget falls back to recomputing, and
+every request's blocks are freed when it ends or is released."""
+
+from __future__ import annotations
+
+import torch
+from omni_core.scheduler.executor import Message
+from omni_cosyvoice3.flow_cache import FlowCache
+from omni_cosyvoice3.stage_workers import FlowWorker
+
+TOLERANCE = {"atol": 2e-4, "rtol": 1e-4}
+
+
+def _streams(seed: int, shapes: list[tuple[int, int]]) -> dict[str, dict]:
+    """Per request: prompt tokens, prompt mel, x-vector and generated tokens of the given lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for i, (prompt_len, generated_len) in enumerate(shapes):
+        out[f"r{i}"] = {
+            "prompt": torch.randint(0, 6561, (prompt_len,), generator=gen).tolist(),
+            "prompt_mel": torch.randn(2 * prompt_len, 80, generator=gen),
+            "embedding": torch.randn(192, generator=gen),
+            "generated": torch.randint(0, 6561, (generated_len,), generator=gen).tolist(),
+        }
+    return out
+
+
+def _run(worker: FlowWorker, streams: dict[str, dict], pieces: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Feed every request its tokens ``pieces[rid]`` at a time, all requests' messages of a round
+    in one batch (as the stage's batcher hands them over); returns each request's whole mel."""
+    mels: dict[str, list[torch.Tensor]] = {rid: [] for rid in streams}
+
+    def emit(rid, port, payload, end=False):
+        mels[rid].append(payload["mel"])
+
+    conds = [
+        Message(rid, "cond", {"prompt_tokens": s["prompt"], "prompt_mel": s["prompt_mel"],
+                              "embedding": s["embedding"], "streaming": True}, seq=0)
+        for rid, s in streams.items()
+    ]
+    worker.process(conds, emit)
+    sent = dict.fromkeys(streams, 0)
+    seq = 0
+    while any(sent[rid] < len(s["generated"]) for rid, s in streams.items()):
+        seq += 1
+        batch = []
+        for rid, s in streams.items():
+            if sent[rid] >= len(s["generated"]):
+                continue
+            tokens = s["generated"][sent[rid] : sent[rid] + pieces[rid]]
+            sent[rid] += len(tokens)
+            end = sent[rid] >= len(s["generated"])
+            batch.append(Message(rid, "tokens", {"token_ids": tokens}, end=end, seq=seq))
+        worker.process(batch, emit)
+    return {rid: torch.cat(m, dim=1) for rid, m in mels.items()}
+
+
+def _assert_empty(cache: FlowCache) -> None:
+    assert cache.requests == {} and cache.refused == set() and cache.bytes_in_use() == 0
+    assert sorted(cache.free_blocks) == list(range(1, cache.blocks_total + 1))
+
+
+SHAPES = [(13, 140), (30, 260), (4, 90)]  # prompt and generated tokens of each request
+# tokens a message: the requests' chunks fall due in the same rounds, with different cached lengths,
+# and r2's last (full-attention) call shares a batch with the others' cached calls
+PIECES = {"r0": 50, "r1": 50, "r2": 50}
+
+
+def test_streamed_mel_with_the_cache_equals_the_mel_without_it(flow):
+    streams = _streams(1, SHAPES)
+    plain = _run(FlowWorker(flow, hop=25, max_hop=100), streams, PIECES)
+    cache = FlowCache(flow.cfg, 1 << 30, "cpu", flow.dtype)
+    batches = []
+    make_batch = cache.batch
+
+    def watch(request_ids, ends):  # each cached call's rows: (cached frames, frames after the call)
+        batch = make_batch(request_ids, ends)
+        batches.append(list(zip(batch.starts, ends, strict=True)))
+        return batch
+
+    cache.batch = watch
+    cached = _run(FlowWorker(flow, hop=25, max_hop=100, cache=cache), streams, PIECES)
+    # calls that computed only frames past a cached prefix, rows with different cached lengths in one call
+    assert any(len({start for start, _ in rows}) > 1 and min(s for s, _ in rows) > 0 for rows in batches)
+    for rid, s in streams.items():
+        assert cached[rid].shape == plain[rid].shape == (80, 2 * len(s["generated"]))
+        torch.testing.assert_close(cached[rid], plain[rid], **TOLERANCE)
+    _assert_empty(cache)  # every request's last chunk freed its blocks
+
+
+def test_a_request_refused_by_the_budget_recomputes_and_gives_the_same_mel(flow):
+    """A budget of 8 blocks: r1 (30 prompt tokens, 260 generated) outgrows it while the others
+    hold blocks, is refused, and from then on recomputes all its frames on each call."""
+    streams = _streams(2, SHAPES)
+    probe = FlowCache(flow.cfg, 0, "cpu", flow.dtype)
+    cache = FlowCache(flow.cfg, 8 * probe.block * probe.frame_bytes, "cpu", flow.dtype)
+    assert cache.blocks_total == 8
+    refused = []
+    reserve = cache.reserve
+
+    def watch(request_id, frames):  # record refusals as they happen (the set empties at the end)
+        ok = reserve(request_id, frames)
+        if not ok and request_id in cache.refused:
+            refused.append(request_id)
+        return ok
+
+    cache.reserve = watch
+    odd = {"r0": 7, "r1": 11, "r2": 5}  # tokens arriving in uneven pieces, as from the llm
+    plain = _run(FlowWorker(flow, hop=25, max_hop=100), streams, odd)
+    cached = _run(FlowWorker(flow, hop=25, max_hop=100, cache=cache), streams, odd)
+    assert "r1" in refused
+    for rid in streams:
+        torch.testing.assert_close(cached[rid], plain[rid], **TOLERANCE)
+    _assert_empty(cache)
+
+
+def test_a_released_request_frees_its_blocks(flow):
+    streams = _streams(3, [(13, 200)])
+    cache = FlowCache(flow.cfg, 1 << 30, "cpu", flow.dtype)
+    worker = FlowWorker(flow, hop=25, max_hop=100, cache=cache)
+    s = streams["r0"]
+    cond = {"prompt_tokens": s["prompt"], "prompt_mel": s["prompt_mel"], "embedding": s["embedding"], "streaming": True}
+    worker.process([Message("r0", "cond", cond, seq=0)], lambda *a, **k: None)
+    worker.process([Message("r0", "tokens", {"token_ids": s["generated"][:120]}, end=False, seq=1)], lambda *a, **k: None)
+    assert cache.cached_frames("r0") == 2 * (13 + 87) and cache.bytes_in_use() > 0
+    worker.release("r0")  # a client that went away mid-stream
+    _assert_empty(cache)
