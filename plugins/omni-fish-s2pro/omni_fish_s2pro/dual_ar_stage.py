@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 from omni_core.hooks import InputTooLarge, InvalidInput
+from omni_core.platforms import platform_for
 from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
@@ -31,6 +32,7 @@ from omni_core.scheduler.sampling_params import SamplingParams
 
 from .config import TokenIds
 from .fast_ar import FastAR
+from .fast_ar_graphs import FastARGraphs
 from .sampling import RAS_WINDOW, StepSampler
 from .segment_context import SpokenSegments, SpokenTurn, with_context
 from .slow_ar import SlowAR
@@ -132,6 +134,12 @@ class DualARWorker(ARStageWorker):
         self.sampling = StepSampler(self.device, self.num_codebooks)
         self.spoken = SpokenSegments(segment_context)
         self.segments: dict[str, Segment] = {}  # request id -> the segment it speaks
+        # where the platform captures graphs (CUDA), the fast AR of a step is one replay (fast_ar_graphs)
+        self.fast_graphs = None
+        if platform_for(self.device).supports_graphs and self.engine_config.cuda_graphs:
+            dtype = next(fast.parameters()).dtype
+            self.fast_graphs = FastARGraphs(fast, self.sampling, slow.hidden_size, dtype)
+            self.fast_graphs.capture(self.engine_config.max_num_seqs, [SamplingParams(**self.defaults)])
 
     def make_request(self, message: Message) -> EngineRequest:
         p = message.payload
@@ -192,6 +200,8 @@ class DualARWorker(ARStageWorker):
     ) -> torch.Tensor:
         """Each row's frame [N, num_codebooks]: its semantic code, then the fast AR's codes."""
         code0 = (token_ids - self.ids.semantic_begin).clamp(0, self.fast.embeddings.num_embeddings - 1)
+        if self.fast_graphs is not None:
+            return self.fast_graphs(hidden, code0, [s.params for s in states], [s.seed for s in states], done)
         chooser = self.sampling.fast_chooser([s.params for s in states], [s.seed for s in states], done)
         return self.fast(hidden, code0, chooser)
 

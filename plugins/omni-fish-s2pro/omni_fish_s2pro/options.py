@@ -9,7 +9,7 @@ OPTIONS = {
     "kv_cache_bytes": "the slow AR's KV-cache budget (half the free GPU memory, 1 GiB on CPU)",
     "max_num_batched_tokens": "tokens of a prefill step; longer prompts are prefilled in chunks (8192)",
     "max_model_len": "prompt + reply tokens (the model's max_seq_len)",
-    "cuda_graphs": "the slow AR's decode steps in CUDA graphs on CUDA (true)",
+    "cuda_graphs": "on CUDA, the slow AR's decode steps and each step's fast AR in CUDA graphs (true)",
     "max_new_tokens": "frames a reply may speak, ~46 ms each (1024)",
     "segment_context": "earlier segments of a long text a segment's prompt carries (one voice); 0: none (2)",
     "temperature": "the default sampling temperature of both ARs; 0: greedy (0.8)",

@@ -11,6 +11,7 @@ its codes with the same settings, no repetition rule.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from omni_core.scheduler.host_copy import to_device
@@ -20,6 +21,15 @@ from omni_core.scheduler.sampling_params import SamplingParams
 RAS_WINDOW, RAS_TEMPERATURE, RAS_TOP_P = 10, 1.0, 0.9
 # the draws of one step use different counters: the slow AR's own, its repetition redraw, each fast codebook
 RAS_DRAWS, FAST_DRAWS = 1 << 21, 1 << 20
+
+
+@dataclass(frozen=True)
+class FastPath:
+    any_top_k: bool
+    any_top_p: bool
+    any_greedy: bool
+    max_top_k: int
+    all_top_k: bool
 
 
 class StepSampler:
@@ -63,15 +73,46 @@ class StepSampler:
         repeated = (recent == first[:, None]).any(dim=1) & is_semantic(first)
         return torch.where(repeated, second, first)
 
-    def fast_chooser(self, params: list[SamplingParams], seeds: list[int], done: list[int]):
-        """``choose(logits, codebook)`` for the fast AR (None: every row greedy)."""
+    def fast_path(self, params: list[SamplingParams]) -> FastPath | None:
+        """Which sampler path the fast AR's draws take for these rows (None: every row greedy): the
+        flags ``Sampler`` branches on, so that a CUDA graph captured for one path serves any rows
+        that take it (``fast_ar_graphs``)."""
         if all(p.temperature == 0 for p in params):
             return None
-        tensors = self._tensors(params, seeds)
-        frames = to_device(torch.tensor(done, dtype=torch.int64), self.device)
+        return FastPath(
+            any_top_k=any(p.top_k > 0 for p in params), any_top_p=any(p.top_p < 1 for p in params),
+            any_greedy=any(p.temperature == 0 for p in params), max_top_k=max(p.top_k for p in params),
+            all_top_k=all(p.top_k > 0 for p in params),
+        )  # fmt: skip
+
+    @staticmethod
+    def fast_rows(params: list[SamplingParams], seeds: list[int], done: list[int]):
+        """The rows' settings as host tensors: ints [3, N] (seed, top-k, frames done) and floats
+        [2, N] (temperature, top-p)."""
+        ints = torch.tensor([seeds, [p.top_k for p in params], done], dtype=torch.int64)
+        floats = torch.tensor([[p.temperature for p in params], [p.top_p for p in params]], dtype=torch.float32)
+        return ints, floats
+
+    def fast_choose(self, path: FastPath, ints: torch.Tensor, floats: torch.Tensor):
+        """``choose(logits, codebook)`` from device tensors only (it may run inside a CUDA graph):
+        each codebook's draw takes a counter of its own, from the row's frames done."""
+        tensors = SamplingTensors(
+            temperature=floats[0], top_k=ints[1], top_p=floats[1], min_p=None, seeds=ints[0], steps=None,
+            all_greedy=False, any_top_k=path.any_top_k, any_top_p=path.any_top_p, any_min_p=False,
+            any_greedy=path.any_greedy, max_top_k=path.max_top_k, all_top_k=path.all_top_k,
+        )  # fmt: skip
+        frames = ints[2]
 
         def choose(logits: torch.Tensor, codebook: int) -> torch.Tensor:
             tensors.steps = frames * self.num_codebooks + codebook + FAST_DRAWS
             return self.sampler(logits, tensors)
 
         return choose
+
+    def fast_chooser(self, params: list[SamplingParams], seeds: list[int], done: list[int]):
+        """``choose(logits, codebook)`` for the fast AR run eagerly (None: every row greedy)."""
+        path = self.fast_path(params)
+        if path is None:
+            return None
+        ints, floats = self.fast_rows(params, seeds, done)
+        return self.fast_choose(path, to_device(ints, self.device), to_device(floats, self.device))
