@@ -88,11 +88,12 @@ class ConversationSession(RespondingSession):
 
     # -- responses -------------------------------------------------------------------------------
 
-    def plan(self, response: Response, params: dict) -> list[Item]:
-        """The items the response answers: the conversation, or the response's own ``input``."""
+    def plan(self, response: Response, params: dict) -> list[Item] | None:
+        """The items the response answers: its own ``input``, or None: the conversation as it is
+        when the response starts (a reply cut short by barge-in is in it by then)."""
         given = params.get("input")
         if given is None:
-            return list(self.items)
+            return None
         if not isinstance(given, list):
             raise refuse("response.input must be a list of items", "response.input")
         items = []
@@ -107,10 +108,11 @@ class ConversationSession(RespondingSession):
                 items.append(read_item(value, where, self.config.rate, self.state.config.limits))
         return items
 
-    async def started(self, response: Response, items: list[Item]) -> None:
+    async def started(self, response: Response, items: list[Item] | None) -> None:
         self.audio.previous_item = self.previous_item  # the response's item: the next turn follows it
 
-    def inputs(self, omni, response: Response, items: list[Item]) -> dict:
+    def inputs(self, omni, response: Response, items: list[Item] | None) -> dict:
+        items = list(self.items) if items is None else items
         messages = [item.message() for item in items if item.parts]
         instructions = self.config.instructions
         if instructions:
@@ -120,7 +122,7 @@ class ConversationSession(RespondingSession):
         # the parts are the session's own (samples read from the client's pcm16): local parts
         return omni.chat_inputs(messages, modalities=modalities, voice=response.voice, sampling=sampling)
 
-    def finished(self, response: Response, items: list[Item], status: str) -> None:
+    def finished(self, response: Response, items: list[Item] | None, status: str) -> None:
         if response.in_conversation and response.text:
             kind = "output_audio" if response.audio else "output_text"
             described = [{"type": kind, ("transcript" if response.audio else "text"): response.text}]
