@@ -4,7 +4,9 @@ Both run the stage's worker on one thread fed by a bounded queue. ``fn`` calls
 ``worker(message, emit)`` once per message. ``batch`` groups messages of concurrent requests
 within ``options["batch_window_ms"]`` up to ``options["max_batch"]`` and calls
 ``worker.process(messages, emit)``; a batch holds at most one message per request, so a stream's
-chunks reach the worker in order and never two at once.
+chunks reach the worker in order and never two at once. A batch worker with ``choose(heads)``
+picks which requests run next (their oldest messages) instead of arrival order: how a stage
+schedules by deadline.
 
 A worker may define ``release(request_id)`` to free what it keeps per request: it is called on
 the worker's thread, between calls, after the request finishes and after it is aborted, so it
@@ -255,7 +257,11 @@ class BatchExecutor(_QueuedExecutor):
             )
 
     def _take_batch(self) -> list[Message]:
-        """Called with the lock held and the queue non-empty: one message per request, oldest first."""
+        """Called with the lock held and the queue non-empty: one message per request, oldest
+        first, or those the worker's ``choose`` picks among each request's oldest."""
+        choose = getattr(self.worker, "choose", None)
+        if choose is not None:
+            return self._take_chosen(choose)
         batch: list[Message] = []
         seen: set[str] = set()
         rest: deque[Message] = deque()
@@ -268,6 +274,27 @@ class BatchExecutor(_QueuedExecutor):
                 batch.append(message)
         rest.extend(self._queue)
         self._queue = rest
+        self._cond.notify_all()
+        return batch
+
+    def _take_chosen(self, choose) -> list[Message]:
+        """The worker orders the work (a deadline scheduler): it gets each request's oldest
+        message, in arrival order, and returns those to run now, most urgent first; the rest
+        stay queued. At least the first it returns runs (or the oldest, if it returns none), and
+        at most ``max_batch``."""
+        heads: dict[str, Message] = {}
+        for message in self._queue:
+            heads.setdefault(message.request_id, message)
+        candidates = list(heads.values())
+        batch: list[Message] = []
+        taken: set[int] = set()
+        for message in choose(candidates):
+            if heads.get(message.request_id) is message and id(message) not in taken and len(batch) < self.max_batch:
+                batch.append(message)
+                taken.add(id(message))
+        if not batch:
+            batch, taken = candidates[:1], {id(candidates[0])}
+        self._queue = deque(m for m in self._queue if id(m) not in taken)
         self._cond.notify_all()
         return batch
 

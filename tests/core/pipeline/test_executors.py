@@ -94,6 +94,43 @@ def test_a_batch_holds_one_chunk_per_request_in_order():
         executor.stop()
 
 
+class Picky(Doubler):
+    """Doubler whose ``choose`` takes the requests named in a message's ``rank`` (lowest first),
+    never a request ranked None, and returns a message that is not a request's oldest."""
+
+    def __init__(self, context):
+        super().__init__(context)
+        self.offered: list[list[str]] = []
+
+    def choose(self, heads):
+        self.offered.append([m.request_id for m in heads])
+        ranked = sorted((m for m in heads if m.payload["rank"] is not None), key=lambda m: m.payload["rank"])
+        stale = Message("zz", "in", {"x": torch.tensor([0])})
+        return [stale, *ranked]
+
+
+def test_a_worker_that_chooses_orders_the_requests_and_the_oldest_runs_if_it_picks_none():
+    recorder = Recorder()
+    options = {"batch_window_ms": 0, "max_batch": 2}
+    stage = StageSpec("s", "batch", Picky, options=options)
+    executor = toy.core_plugins().engine("batch").build(stage, StageContext("s", "cpu", recorder.emit, recorder.fail, options=options))
+    for rid, rank in (("a", 3), ("b", 1), ("c", None), ("d", 2)):
+        executor.submit(Message(rid, "in", {"x": torch.tensor([1]), "rank": rank}))
+        executor.submit(Message(rid, "in", {"x": torch.tensor([2]), "rank": 0}, seq=1))
+    executor.start()  # everything queued before the first choice
+    try:
+        assert wait_until(lambda: len(recorder.emitted) == 8)
+        batches = executor.worker.batches
+        # only each request's oldest is offered; at most max_batch run, the chosen order kept
+        assert all(len(set(o)) == len(o) for o in executor.worker.offered)
+        assert all(len(b) <= 2 for b in batches)
+        assert sum(batches, []).count("c") == 2  # never chosen alone: run as the oldest left
+        order = [m.request_id for m in recorder.emitted if int(m.payload["x"]) == 2]
+        assert order[:3] == ["b", "d", "a"]
+    finally:
+        executor.stop()
+
+
 class SlowCache:
     """Batched: keeps a per-request cache written back when ``process`` returns (as a vocoder's
     sent-sample counts are), so a release that ran during the call would be undone."""
