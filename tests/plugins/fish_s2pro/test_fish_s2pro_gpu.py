@@ -63,7 +63,7 @@ def test_the_stage_captures_its_fast_graphs_at_start_up_and_speaks_through_them(
         load_slow_ar(tiny_dir, "cuda", torch.float32),
         load_fast_ar(tiny_dir, "cuda", torch.float32),
         token_ids(tiny_dir, cfg.codebook_size),
-        EngineConfig(block_size=16, max_num_seqs=4, cuda_graph_sizes=(1, 2, 4)),
+        EngineConfig(block_size=16, max_num_seqs=4, cuda_graph_sizes=(1, 2, 4), kv_cache_bytes=1 << 26),
         max_new_tokens=8,
     )
     assert worker.fast_graphs is not None
