@@ -40,16 +40,20 @@ class FlowStream:
 
         A non-final end covers whole hops only, as many as the available tokens allow (the
         same mel as taking them one hop at a time)."""
+        return self.due_end(len(self.tokens), self.finished)
+
+    def due_end(self, tokens: int, finished: bool) -> tuple[int, bool] | None:
+        """``next_end`` as it would be with ``tokens`` generated tokens and ``finished``."""
         if self.emitted_end:
             return None
-        if self.finished:
-            return len(self.tokens), True
+        if finished:
+            return tokens, True
         if not self.streaming:
             return None
         end, hop, reached = self.offset, self._next_hop, None
         while True:
             step = hop + (self._pad if end == 0 else 0)
-            if len(self.tokens) - end < step + self.lookahead:
+            if tokens - end < step + self.lookahead:
                 break
             end += step
             hop = min(self.max_hop, hop * 2)

@@ -9,6 +9,7 @@ OPTIONS = {
     "hift_dtype": "HiFT dtype (default float32; its F0 predictor stays float64)",
     "max_batch": "requests a flow / HiFT call takes, and llm rows (32)",
     "batch_window_ms": "how long the flow and HiFT wait to fill a batch (1)",
+    "schedule": "which streams the flow and HiFT serve first: arrival (default, oldest message first) | deadline (the stream whose listener runs dry soonest; new requests by time waiting)",
     "max_hop": "tokens of the largest flow chunk (100)",
     "kv_cache_bytes": "the llm's KV-cache budget (default: half the free GPU memory, 1 GiB on CPU)",
     "cuda_graphs": "CUDA graphs for the llm, flow and HiFT (true)",

@@ -17,6 +17,7 @@ from omni_core.scheduler.engine import EngineConfig
 
 from .checkpoint import check_layout, load_flow, load_hift, load_llm, load_speakers
 from .config import load_config
+from .deadline import SCHEDULES, DeadlineFlowWorker, DeadlineHiftWorker
 from .flow_cache import FlowCache
 from .frontend import Frontend
 from .graph_buckets import parse_buckets, parse_warm
@@ -98,20 +99,31 @@ def _captures_graphs(context) -> bool:
 
 
 def flow_factory(
-    context, checkpoint_dir: str, dtype: str, max_hop: int, graphs: dict | None = None, cache_bytes: int = 0
+    context,
+    checkpoint_dir: str,
+    dtype: str,
+    max_hop: int,
+    graphs: dict | None = None,
+    cache_bytes: int = 0,
+    schedule: str = "arrival",
 ):
     cfg = load_config(checkpoint_dir)
     model = load_flow(checkpoint_dir, cfg).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _captures_graphs(context):
         model.use_graphs(graphs["batches"], graphs["frames"], graphs["warm"], graphs["max_work"])
     cache = FlowCache(cfg.flow, cache_bytes, context.device, model.dtype) if cache_bytes > 0 else None
+    if schedule == "deadline":
+        mel_seconds = cfg.hift.samples_per_frame / cfg.sample_rate
+        return DeadlineFlowWorker(model, cfg.chunk_size, max_hop, cache, mel_seconds=mel_seconds)
     return FlowWorker(model, cfg.chunk_size, max_hop, cache)
 
 
-def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None):
+def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None, schedule: str = "arrival"):
     model = load_hift(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _captures_graphs(context):
         model.use_graphs(graphs["batches"], graphs["frames"], graphs["warm"], graphs["max_work"])
+    if schedule == "deadline":
+        return DeadlineHiftWorker(model, sample_rate=load_config(checkpoint_dir).sample_rate)
     return HiftWorker(model)
 
 
@@ -127,6 +139,9 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     for name in (dtype, llm_dtype, hift_dtype):
         _dtype(name)
     max_batch = int(options.get("max_batch", 32))
+    schedule = str(options.get("schedule", "arrival")).strip().lower()
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
     flow_graphs, hift_graphs = (
         _graph_plan(options, "flow", max_batch),
         _graph_plan(options, "hift", max_batch),
@@ -177,6 +192,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     max_hop=int(options.get("max_hop", 100)),
                     graphs=flow_graphs,
                     cache_bytes=int(options.get("flow_cache_bytes", 0)),
+                    schedule=schedule,
                 ),
                 ("cond", "tokens"),
                 ("mel",),
@@ -185,7 +201,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
             StageSpec(
                 "hift",
                 "batch",
-                make(hift_factory, checkpoint_dir=path, dtype=hift_dtype, graphs=hift_graphs),
+                make(hift_factory, checkpoint_dir=path, dtype=hift_dtype, graphs=hift_graphs, schedule=schedule),
                 ("mel",),
                 ("audio",),
                 options=dict(batch_options),

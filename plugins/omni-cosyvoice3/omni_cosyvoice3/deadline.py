@@ -1,0 +1,152 @@
+"""Deadline order for the flow and HiFT (``--option schedule=deadline``): the streams whose
+listeners run dry soonest are served first.
+
+Each stream has a playback clock at each stage: the audio the stage has produced for it so far,
+played from the moment its first piece was produced (``omni_core.playback.PlaybackBuffer``). Its
+slack is the audio left on that clock; a request that has produced nothing yet has waited since
+the stage first saw it, and its slack is minus that wait. The batch executor hands the worker each
+request's oldest queued message (``choose``); the worker takes what costs nothing (conditioning,
+tokens that complete no chunk) and then the due work by slack, adding a stream only while the call
+stays within a captured CUDA graph bucket (on a GPU; the first always runs): a stream far ahead
+of its listener waits a call rather than make an urgent one wait for a long eager call.
+Arrival order (the default) takes every request's oldest message as it came.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from omni_core.playback import PlaybackBuffer
+
+from .stage_workers import FlowWorker, HiftWorker
+
+SCHEDULES = ("arrival", "deadline")
+
+
+class StreamClocks:
+    """Per request: when the stage first saw it, and the playback clock of what it produced."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.first_seen: dict[str, float] = {}
+        self.buffers: dict[str, PlaybackBuffer] = {}
+
+    def seen(self, request_id: str, now: float) -> None:
+        self.first_seen.setdefault(request_id, now)
+
+    def produced(self, request_id: str, seconds: float) -> None:
+        self.buffers.setdefault(request_id, PlaybackBuffer()).add(self.clock(), seconds)
+
+    def slack(self, request_id: str, now: float) -> float:
+        buffer = self.buffers.get(request_id)
+        margin = buffer.margin(now) if buffer is not None else None
+        if margin is None:
+            return self.first_seen.get(request_id, now) - now
+        return margin
+
+    def forget(self, request_id: str) -> None:
+        self.first_seen.pop(request_id, None)
+        self.buffers.pop(request_id, None)
+
+
+def by_deadline(clocks: StreamClocks, heads, frames_of, fits) -> list:
+    """``heads``' messages in the order to run them now: those without work (``frames_of`` None)
+    first, then due ones by slack while ``fits(batch, longest frames)``."""
+    now = clocks.clock()
+    free, due = [], []
+    for message in heads:
+        clocks.seen(message.request_id, now)
+        frames = frames_of(message)
+        (free if frames is None else due).append((message, frames))
+    due.sort(key=lambda item: clocks.slack(item[0].request_id, now))
+    chosen, longest = [], 0
+    for message, frames in due:
+        if chosen and not fits(len(chosen) + 1, max(longest, frames)):
+            continue
+        chosen.append(message)
+        longest = max(longest, frames)
+    return chosen + [message for message, _ in free]
+
+
+def _graph_fit(model) -> Callable[[int, int], bool]:
+    graphs = model.graphs
+    if graphs is None:  # no graphs (CPU, or turned off): no size budget, order only
+        return lambda batch, frames: True
+    return lambda batch, frames: graphs.bucket(batch, frames) is not None
+
+
+class DeadlineFlowWorker(FlowWorker):
+    """The flow worker, serving due chunks by slack; ``mel_seconds``: audio seconds a mel frame."""
+
+    def __init__(self, *args, mel_seconds: float, clock: Callable[[], float] = time.monotonic, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.mel_seconds = mel_seconds
+        self.clocks = StreamClocks(clock)
+
+    def process(self, messages, emit) -> None:
+        def timed(request_id, port, payload, end=False):
+            mel = payload.get("mel")
+            if mel is not None and mel.shape[-1]:
+                self.clocks.produced(request_id, mel.shape[-1] * self.mel_seconds / payload.get("speed", 1.0))
+            emit(request_id, port, payload, end)
+
+        now = self.clocks.clock()
+        for message in messages:
+            self.clocks.seen(message.request_id, now)
+        super().process(messages, timed)
+
+    def choose(self, heads) -> list:
+        return by_deadline(self.clocks, heads, self._frames_after, _graph_fit(self.model))
+
+    def _frames_after(self, message) -> int | None:
+        """Mel frames (prompt included) of the flow call this message makes due, or None."""
+        stream = self.streams.get(message.request_id)
+        if stream is None or message.port != "tokens":
+            return None
+        tokens = len(stream.tokens) + len(message.payload.get("token_ids", []))
+        due = stream.due_end(tokens, stream.finished or message.end)
+        if due is None:
+            return None
+        # a non-final call holds its lookahead tokens back: its frames end at ``end`` either way
+        return (len(stream.prompt_tokens) + due[0]) * self.model.cfg.token_mel_ratio
+
+    def release(self, request_id: str) -> None:
+        super().release(request_id)
+        self.clocks.forget(request_id)
+
+
+class DeadlineHiftWorker(HiftWorker):
+    """The HiFT worker, vocoding by slack; ``sample_rate`` of its audio."""
+
+    def __init__(self, *args, sample_rate: int, clock: Callable[[], float] = time.monotonic, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sample_rate = sample_rate
+        self.clocks = StreamClocks(clock)
+
+    def process(self, messages, emit) -> None:
+        def timed(request_id, port, payload, end=False):
+            audio = payload.get("audio")
+            if audio is not None and audio.numel():
+                self.clocks.produced(request_id, audio.numel() / self.sample_rate)
+            emit(request_id, port, payload, end)
+
+        now = self.clocks.clock()
+        for message in messages:
+            self.clocks.seen(message.request_id, now)
+        super().process(messages, timed)
+
+    def choose(self, heads) -> list:
+        return by_deadline(self.clocks, heads, self._frames_after, _graph_fit(self.model))
+
+    def _frames_after(self, message) -> int | None:
+        mel = message.payload.get("mel")
+        new = int(mel.shape[-1]) if mel is not None else 0
+        if new == 0 and not message.end:
+            return None
+        cached = self.mel.get(message.request_id)
+        return (0 if cached is None else int(cached.shape[1])) + new
+
+    def release(self, request_id: str) -> None:
+        super().release(request_id)
+        self.clocks.forget(request_id)
