@@ -4,6 +4,7 @@ generation does, on the stage's worker and the core engine with greedy sampling.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from omni_core.scheduler.engine import AREngine, EngineConfig, EngineRequest
 from omni_core.scheduler.executor import Message
@@ -119,3 +120,21 @@ def test_turns_that_would_leave_no_room_for_a_reply_are_left_out():
     ids, kept, n = with_context(prompt, frames, 2, turns, 100, (0,), room=len(prompt) + 13)
     assert n == 2 and kept.shape == (10, 7) and ids[2:10] == [1, 2] + [103] * 5 + [0]
     assert with_context(prompt, frames, 2, turns, 100, (0,), room=len(prompt) + 4)[2] == 0
+
+
+def test_the_pipeline_carries_each_segment_into_the_next(tiny_dir, tmp_path):
+    # the offline API on the real stage graph, seeded: the first segment speaks alike with or
+    # without context; the later ones (run in turn) differ once they carry the turns before them
+    # (sampled: greedy random weights repeat one frame whatever the prompt)
+    from omni_core.api import Omni
+
+    text = " ".join(["This is one sentence of a long text."] * 12)  # three segments
+    audio = {}
+    for carried in (2, 0):
+        options = {"max_new_tokens": 6, "segment_context": carried}
+        with Omni("fish-s2pro", model=tiny_dir, device="cpu", options=options, cache_dir=str(tmp_path)) as omni:
+            audio[carried] = omni.speech(text, "default", seed=4).audio
+    frame = 2048
+    assert len(audio[2]) > 2 * 6 * frame  # more than one segment spoke
+    assert np.array_equal(audio[2][:frame], audio[0][:frame])
+    assert not np.array_equal(audio[2], audio[0])
