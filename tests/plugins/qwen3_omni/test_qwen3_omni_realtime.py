@@ -24,7 +24,9 @@ from .conftest import tiny_server
 
 pytest.importorskip("silero_vad", reason="server VAD needs omni-core's realtime extra")
 
-SPEECH = ("talker_temperature=0", "talker_max_tokens=40", "max_model_len=1024")
+# a greedy talker speaks its whole budget: every spoken reply lasts a few seconds on this CPU,
+# time enough to cut it short in the middle (the thinker's random text may end at any length)
+SPEECH = ("talker_temperature=0", "talker_max_tokens=800", "max_model_len=1024")
 AR_STAGES = ("thinker", "talker")
 RATE = 24000
 
@@ -149,12 +151,28 @@ def test_spoken_turn_is_answered_when_server_vad_ends_it(client, spoken_pcm):
         assert events[-1].response.status in ("completed", "incomplete")
 
 
+def test_a_long_spoken_conversation_keeps_its_newest_turns(client):
+    # more spoken turns than a request may hold audio parts (the family's max_audios, 8): the
+    # conversation keeps the newest, and every response is still answered
+    noise = (np.random.default_rng(0).standard_normal(RATE // 2) * 0.1).astype(np.float32)
+    turn = base64.b64encode((noise * 32767).astype("<i2").tobytes()).decode()
+    with _opened(client, audio={"input": {"turn_detection": None}}, max_output_tokens=2) as connection:
+        for _ in range(10):
+            connection.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": turn}]}
+            )
+            _until(connection, "conversation.item.done")
+        connection.response.create(response={"output_modalities": ["text"]})
+        done = _until(connection, "response.done")[-1]
+        assert done.type == "response.done" and done.response.status in ("completed", "incomplete"), done
+
+
 def test_response_cancel_frees_the_request(server, client):
     aborted = metric(server.url, "omni_requests_aborted_total", endpoint="/v1/realtime")
     with _opened(client, audio={"input": {"turn_detection": None}}, max_output_tokens=400) as connection:
         _ask(connection, "Tell me a long story.")
         connection.response.create()
-        _until(connection, "response.output_audio_transcript.delta")
+        _until(connection, "response.output_audio.delta")  # speaking: both AR stages hold the request
         connection.response.cancel()
         done = _until(connection, "response.done")[-1].response
         assert done.status == "cancelled" and done.status_details.reason == "client_cancelled", done
@@ -170,7 +188,7 @@ def test_speech_starting_cancels_the_response(server, client, spoken_pcm):
     ) as connection:
         _ask(connection, "Tell me a long story.")
         connection.response.create()
-        _until(connection, "response.output_audio_transcript.delta")
+        _until(connection, "response.output_audio.delta")  # speaking: both AR stages hold the request
         _append(connection, spoken_pcm[: RATE * 2])  # the user speaks over the reply
         events = _until(connection, "response.done")
         kinds = [e.type for e in events]

@@ -22,6 +22,11 @@ from omni_core.serve.realtime.responses import CANCELLED_BY_TURN, Response
 from omni_core.serve.realtime.session_config import refuse
 
 ROOT = "root"  # OpenAI's previous_item_id for "at the start"
+# What the conversation keeps (older items are forgotten, oldest first, as OpenAI's truncation
+# drops them): spoken turns are the costly part of a prompt, and families bound the audio parts
+# a request may hold; a text conversation is bounded by its number of items.
+KEPT_AUDIO_TURNS = 4
+KEPT_ITEMS = 256
 
 
 class ConversationSession(RespondingSession):
@@ -44,6 +49,17 @@ class ConversationSession(RespondingSession):
 
     # -- the conversation ------------------------------------------------------------------------
 
+    def _forget_old(self) -> None:
+        """Keeps the newest items holding at most ``KEPT_AUDIO_TURNS`` spoken parts."""
+        audio_parts, keep = 0, 0
+        for item in reversed(self.items[-KEPT_ITEMS:]):
+            audio_parts += sum(part["type"] == "audio" for part in item.parts)
+            if audio_parts > KEPT_AUDIO_TURNS:
+                break
+            keep += 1
+        if keep < len(self.items):
+            del self.items[: len(self.items) - keep]
+
     def _add(self, item: Item, after: str | None) -> str | None:
         """Adds ``item`` after the item ``after`` (None: at the end); the item before it."""
         if any(existing.id == item.id for existing in self.items):
@@ -58,9 +74,11 @@ class ConversationSession(RespondingSession):
                 raise refuse(f"previous_item_id {after!r} is not in the conversation", "previous_item_id")
             position = found[0] + 1
         self.items.insert(position, item)
+        previous = self.items[position - 1].id if position else None
         if position == len(self.items) - 1:
             self.previous_item = self.audio.previous_item = item.id
-        return self.items[position - 1].id if position else None
+        self._forget_old()
+        return previous
 
     async def _item_create(self, event: dict) -> None:
         after = event.get("previous_item_id")
@@ -76,6 +94,7 @@ class ConversationSession(RespondingSession):
         described = [{"type": "input_audio", "transcript": None}]
         self.items.append(Item(item_id, "user", [audio_part(samples)], described))
         self.previous_item = item_id
+        self._forget_old()
         vad = self.config.turn_detection
         if by_vad and vad is not None and vad.create_response:
             # a turn that ends while a response runs (barge-in off) waits for it
@@ -128,3 +147,4 @@ class ConversationSession(RespondingSession):
             described = [{"type": kind, ("transcript" if response.audio else "text"): response.text}]
             self.items.append(Item(response.item_id, "assistant", [{"type": "text", "text": response.text}],
                                    described, "completed" if status == "completed" else "incomplete"))
+            self._forget_old()
