@@ -199,7 +199,7 @@ class FlowModel(nn.Module):
             and r.request_id is not None
             and r.streaming
             and cache.cached_frames(r.request_id) <= r.prompt_mel.shape[0] + r.first_frame
-            and cache.reserve(r.request_id, ends[i])
+            and cache.reserve(r.request_id, ends[i], last=r.finalize)
         ]
         out: list[torch.Tensor | None] = [None] * len(requests)
         if cached:

@@ -12,8 +12,9 @@ cached keys and its own.
 Keys and values live in one pool of 50-frame blocks (block 0 is scratch for padded frames), the
 pool sized by a byte budget and allocated on first use. A request whose next blocks do not fit
 is refused: its blocks are freed and its later calls recompute everything, as without a cache.
-The last call of a streamed request attends over all frames (the reference's rule), so it does
-not use the cache; the worker frees the request's blocks after it.
+The last call of a streamed request attends over all frames by default (the reference's rule),
+so it does not use the cache; with the chunk mask (``flow_last_call=masked``) it does. The worker
+frees the request's blocks after it.
 """
 
 from __future__ import annotations
@@ -62,15 +63,16 @@ class FlowCache:
         entry = self.requests.get(request_id)
         return 0 if entry is None else entry.frames
 
-    def reserve(self, request_id: str, frames: int) -> bool:
+    def reserve(self, request_id: str, frames: int, last: bool = False) -> bool:
         """Whether a call that ends at ``frames`` (prompt included) can run on the cache; takes
-        the blocks its new frames need. A request refused once stays refused."""
+        the blocks its new frames need. Only a request's ``last`` call may end inside a chunk
+        (no later call reads its frames). A request refused once stays refused."""
         if request_id in self.refused or self.blocks_total == 0:
             return False
         entry = self.requests.get(request_id) or CachedRequest()
-        if frames % self.block or frames <= entry.frames:
+        if (frames % self.block and not last) or frames <= entry.frames:
             return False  # not on a chunk boundary: these frames may still change
-        need = frames // self.block - len(entry.blocks)
+        need = -(-frames // self.block) - len(entry.blocks)
         if need > len(self.free_blocks):
             self.free(request_id)
             self.refused.add(request_id)

@@ -63,9 +63,12 @@ class FrontendWorker:
 
 
 class FlowWorker:
-    def __init__(self, model: FlowModel, hop: int, max_hop: int, cache: FlowCache | None = None):
+    def __init__(
+        self, model: FlowModel, hop: int, max_hop: int, cache: FlowCache | None = None, masked_last: bool = False
+    ):
         self.model = model
         self.cache = cache  # streamed requests' finished frames (None: every call recomputes all)
+        self.masked_last = masked_last  # a streamed request's last call under the chunk mask too
         self.stream = StageStream(model.input_embedding.weight.device)
         self.hop, self.max_hop = hop, max_hop
         self.streams: dict[str, FlowStream] = {}
@@ -122,14 +125,14 @@ class FlowWorker:
         if runnable:
             requests = [
                 # the last call attends over all the tokens (streaming off), as the reference's last
-                # token2wav call of a streamed request does
+                # token2wav call of a streamed request does, unless masked_last
                 FlowRequest(
                     s.flow_tokens(end, final),
                     len(s.prompt_tokens),
                     s.prompt_mel,
                     s.embedding,
                     final,
-                    s.streaming and not final,
+                    s.streaming and (self.masked_last or not final),
                     first_frame=s.offset * self.model.cfg.token_mel_ratio,
                     request_id=rid,
                 )

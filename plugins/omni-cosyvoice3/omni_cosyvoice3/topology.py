@@ -78,6 +78,14 @@ def _min_length_blocks(options: dict) -> str:
     return value
 
 
+def _flow_last_call(options: dict) -> str:
+    """``flow_last_call``: ``full`` (the reference's last call, over all frames) or ``masked``."""
+    value = str(options.get("flow_last_call", "full"))
+    if value not in ("full", "masked"):
+        raise ValueError(f"option flow_last_call={value!r}: expected 'full' or 'masked'")
+    return value
+
+
 def _graph_plan(options: dict, prefix: str, max_batch: int) -> dict | None:
     """``<prefix>_graphs`` (warm buckets: batch1 | all | none | BxT,...) and ``<prefix>_graph_frames``;
     batch buckets are powers of two up to ``max_batch``. None when graphs are off."""
@@ -106,6 +114,7 @@ def flow_factory(
     graphs: dict | None = None,
     cache_bytes: int = 0,
     schedule: str = "arrival",
+    masked_last: bool = False,
 ):
     cfg = load_config(checkpoint_dir)
     model = load_flow(checkpoint_dir, cfg).to(device=context.device, dtype=_dtype(dtype))
@@ -114,8 +123,10 @@ def flow_factory(
     cache = FlowCache(cfg.flow, cache_bytes, context.device, model.dtype) if cache_bytes > 0 else None
     if schedule == "deadline":
         mel_seconds = cfg.hift.samples_per_frame / cfg.sample_rate
-        return DeadlineFlowWorker(model, cfg.chunk_size, max_hop, cache, mel_seconds=mel_seconds)
-    return FlowWorker(model, cfg.chunk_size, max_hop, cache)
+        return DeadlineFlowWorker(
+            model, cfg.chunk_size, max_hop, cache, masked_last=masked_last, mel_seconds=mel_seconds
+        )
+    return FlowWorker(model, cfg.chunk_size, max_hop, cache, masked_last=masked_last)
 
 
 def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None, schedule: str = "arrival"):
@@ -193,6 +204,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     graphs=flow_graphs,
                     cache_bytes=int(options.get("flow_cache_bytes", 0)),
                     schedule=schedule,
+                    masked_last=_flow_last_call(options) == "masked",
                 ),
                 ("cond", "tokens"),
                 ("mel",),

@@ -5,8 +5,10 @@ every request's blocks are freed when it ends or is released."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from omni_core.scheduler.executor import Message
+from omni_cosyvoice3.checkpoint import load_flow
 from omni_cosyvoice3.flow_cache import FlowCache
 from omni_cosyvoice3.stage_workers import FlowWorker
 
@@ -100,8 +102,8 @@ def test_a_request_refused_by_the_budget_recomputes_and_gives_the_same_mel(flow)
     refused = []
     reserve = cache.reserve
 
-    def watch(request_id, frames):  # record refusals as they happen (the set empties at the end)
-        ok = reserve(request_id, frames)
+    def watch(request_id, frames, last=False):  # record refusals as they happen (the set empties at the end)
+        ok = reserve(request_id, frames, last)
         if not ok and request_id in cache.refused:
             refused.append(request_id)
         return ok
@@ -126,4 +128,47 @@ def test_a_released_request_frees_its_blocks(flow):
     worker.process([Message("r0", "tokens", {"token_ids": s["generated"][:120]}, end=False, seq=1)], lambda *a, **k: None)
     assert cache.cached_frames("r0") == 2 * (13 + 87) and cache.bytes_in_use() > 0
     worker.release("r0")  # a client that went away mid-stream
+    _assert_empty(cache)
+
+
+def test_a_masked_last_call_runs_on_the_cache_and_equals_the_chunk_masked_one_shot(flow):
+    """``flow_last_call=masked``: the last call keeps the chunk mask, so it too computes only its
+    new frames (ending inside a chunk), and the streamed mel is one chunk-masked call's."""
+    from omni_cosyvoice3.flow import FlowRequest
+
+    streams = _streams(4, SHAPES)
+    cache = FlowCache(flow.cfg, 1 << 30, "cpu", flow.dtype)
+    ends = []
+    make_batch = cache.batch
+
+    def watch(request_ids, frames):
+        ends.extend(frames)
+        return make_batch(request_ids, frames)
+
+    cache.batch = watch
+    cached = _run(FlowWorker(flow, hop=25, max_hop=100, cache=cache, masked_last=True), streams, PIECES)
+    plain = _run(FlowWorker(flow, hop=25, max_hop=100, masked_last=True), streams, PIECES)
+    assert any(end % 50 for end in ends)  # last calls ended inside a chunk, on the cache
+    for rid, s in streams.items():
+        whole = FlowRequest(
+            torch.tensor(s["prompt"] + s["generated"]), len(s["prompt"]), s["prompt_mel"], s["embedding"], True, True
+        )
+        torch.testing.assert_close(cached[rid], flow.infer([whole])[0], **TOLERANCE)
+        torch.testing.assert_close(cached[rid], plain[rid], **TOLERANCE)
+    _assert_empty(cache)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_cache_on_cuda_in_bfloat16_agrees_with_the_graphs(tiny_dir):
+    """On CUDA the uncached calls replay bucketed graphs and the cached ones run eagerly over
+    other shapes: bf16 rounding apart, the same mel."""
+    model = load_flow(tiny_dir).to("cuda", torch.bfloat16)
+    model.use_graphs(batches=(1, 2, 4), frames=(64, 128, 256, 512, 1024))
+    streams = _streams(5, SHAPES)
+    plain = _run(FlowWorker(model, hop=25, max_hop=100), streams, PIECES)
+    cache = FlowCache(model.cfg, 1 << 28, "cuda", model.dtype)
+    cached = _run(FlowWorker(model, hop=25, max_hop=100, cache=cache), streams, PIECES)
+    for rid in streams:
+        assert cached[rid].shape == plain[rid].shape
+        assert float((cached[rid] - plain[rid]).norm() / plain[rid].norm()) < 0.05
     _assert_empty(cache)
