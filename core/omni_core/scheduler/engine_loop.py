@@ -46,7 +46,7 @@ class EngineLoop:
 
     def add(self, request_id: str, build: Callable[[], EngineRequest]) -> None:
         """Queue a request; ``build`` runs in the loop thread (it may raise: the request fails)."""
-        self.commands.put(("add", (request_id, build)))
+        self.commands.put(("add", (request_id, build, time.perf_counter())))
 
     def call(self, request_id: str, fn: Callable[[], None]) -> None:
         """Run ``fn`` in the loop thread between steps if ``request_id`` is still in the engine
@@ -80,7 +80,9 @@ class EngineLoop:
                     self.engine.abort(request_id)
                     self.on_error(request_id, f"{type(exc).__name__}: {exc}")
         elif command == "add":
-            request_id, build = arg
+            request_id, build, queued_at = arg
+            if log.isEnabledFor(logging.DEBUG):  # with the step timeline: when a request got in
+                log.debug("%s: request %s taken in %.1f ms after it arrived", self.thread.name, request_id, (time.perf_counter() - queued_at) * 1e3)
             if request_id in self.cancelled:
                 self.cancelled.discard(request_id)
                 return True

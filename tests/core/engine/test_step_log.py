@@ -1,4 +1,5 @@
-"""`--log-level debug` shows each engine step: its stage, kind, sequences and time."""
+"""`--log-level debug` shows when each request got into the engine and each engine step: its
+stage, kind, sequences and time."""
 
 import logging
 import re
@@ -23,7 +24,9 @@ def test_each_step_is_logged_at_debug(tiny_model, caplog):
     loop.add("r", lambda: EngineRequest("r", prompt_token_ids=[5, 17, 99, 3], params=params))
     assert done.wait(30)
     loop.stop()
-    steps = [r.getMessage() for r in caplog.records if r.name == "omni_core.scheduler.engine_loop"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "omni_core.scheduler.engine_loop"]
+    assert re.fullmatch(r"ar-thinker: request r taken in \d+\.\d ms after it arrived", lines[0]), lines
+    steps = lines[1:]
     pattern = re.compile(r"ar-thinker: (prefill|decode) of 1 sequences, \d+\.\d ms")
     assert [pattern.fullmatch(s).group(1) for s in steps[:2]] == ["prefill", "decode"], steps
     assert len(steps) == 4  # one prefill and three decode steps for four tokens
