@@ -96,10 +96,12 @@ class FlowCache:
     def bytes_in_use(self) -> int:
         return (self.blocks_total - len(self.free_blocks)) * self.block * self.frame_bytes
 
-    def slots(self, request_id: str, start: int, end: int) -> list[int]:
-        """Pool slots of frames [start, end) of a request."""
-        blocks = self.requests[request_id].blocks
-        return [blocks[f // self.block] * self.block + f % self.block for f in range(start, end)]
+    def slots(self, request_id: str, start: int, end: int) -> torch.Tensor:
+        """Pool slots of frames [start, end) of a request (on the host)."""
+        blocks = torch.tensor(self.requests[request_id].blocks[start // self.block : -(-end // self.block)])
+        first = start // self.block * self.block
+        slots = (blocks[:, None] * self.block + torch.arange(self.block)[None, :]).flatten()
+        return slots[start - first : end - first]
 
     def batch(self, request_ids: list[str], ends: list[int]) -> "CachedBatch":
         return CachedBatch(self, request_ids, ends)
@@ -121,8 +123,8 @@ class CachedBatch:
         contexts = []
         steps, dim = cache.cfg.n_timesteps, cache.cfg.dim
         for i, (rid, s, e) in enumerate(zip(request_ids, self.starts, ends, strict=True)):
-            write[i, : e - s] = torch.tensor(cache.slots(rid, s, e))
-            read[i, :e] = torch.tensor(cache.slots(rid, 0, e))
+            read[i, :e] = cache.slots(rid, 0, e)
+            write[i, : e - s] = read[i, s:e]
             ctx = cache.requests[rid].conv_context
             # zeros before the first frame: what the position conv's padding gives
             contexts.append(ctx if ctx is not None else torch.zeros(steps, 2, 2, cache.context, dim, device=dev))
