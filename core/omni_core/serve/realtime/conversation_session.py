@@ -133,7 +133,7 @@ class ConversationSession(RespondingSession):
     def inputs(self, omni, response: Response, items: list[Item] | None) -> dict:
         items = list(self.items) if items is None else items
         messages = [item.message() for item in items if item.parts]
-        instructions = self.config.instructions
+        instructions = response.instructions
         if instructions:
             messages.insert(0, {"role": "system", "content": instructions})
         sampling = {} if response.max_output_tokens is None else {"max_tokens": response.max_output_tokens}

@@ -108,12 +108,17 @@ class RespondingSession(RealtimeSession):
         max_tokens = config.max_output_tokens
         if "max_output_tokens" in params:
             max_tokens = read_max_tokens(params["max_output_tokens"], "response")
+        instructions = config.instructions
+        if params.get("instructions") is not None:
+            if not isinstance(params["instructions"], str):
+                raise refuse("response.instructions must be a string", "response.instructions")
+            instructions = params["instructions"] or None
         conversation = params.get("conversation", "auto")
         if conversation not in ("auto", "none", None):
             raise refuse('response.conversation must be "auto" or "none"', "response.conversation")
         return Response(
             self.send, modalities=modalities, voice=voice, output_rate=config.output_rate,
-            max_output_tokens=max_tokens, in_conversation=conversation != "none",
+            max_output_tokens=max_tokens, instructions=instructions, in_conversation=conversation != "none",
         )
 
     async def queue(self, response: Response, params: dict) -> None:

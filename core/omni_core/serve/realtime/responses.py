@@ -52,12 +52,21 @@ class OutputAudio:
 
 
 class Response:
-    """``send`` writes a server event; ``settings`` are the response's own (``modalities``,
-    ``voice``, ``output_rate``, ``max_output_tokens``); ``in_conversation``: whether its item
-    joins the conversation (``conversation: "none"`` keeps it out)."""
+    """``send`` writes a server event; the settings are the response's own (the session's, or
+    those its ``response.create`` gave); ``in_conversation``: whether its item joins the
+    conversation (``conversation: "none"`` keeps it out)."""
 
-    def __init__(self, send, *, modalities: list[str], voice: str | None, output_rate: int,
-                 max_output_tokens: int | None, in_conversation: bool = True):
+    def __init__(
+        self,
+        send,
+        *,
+        modalities: list[str],
+        voice: str | None,
+        output_rate: int,
+        max_output_tokens: int | None,
+        instructions: str | None = None,
+        in_conversation: bool = True,
+    ):
         self.send = send
         self.id = new_id("resp")
         self.item_id = new_id("item")
@@ -66,6 +75,7 @@ class Response:
         self.output_rate = output_rate
         self.max_output_tokens = max_output_tokens
         self.in_conversation = in_conversation
+        self.instructions = instructions  # the session's, or the response's own
         self.audio = "audio" in modalities
         self.text = ""  # the text, or the audio's transcript, so far
         self.audio_bytes = 0

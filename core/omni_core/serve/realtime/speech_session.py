@@ -75,5 +75,6 @@ class SpeechSession(RespondingSession):
         await response.text_delta(text)  # what is spoken is the audio's transcript
 
     def inputs(self, omni, response: Response, text: str) -> dict:
-        config = self.config
-        return omni.speech_inputs(text, response.voice, instructions=config.instructions, speed=config.speed)
+        return omni.speech_inputs(
+            text, response.voice, instructions=response.instructions, speed=self.config.speed
+        )
