@@ -79,10 +79,9 @@ class ConditionalCFM(nn.Module):
             t_now, dt = grid[step], grid[step + 1] - grid[step]
             tt = t_now.expand(2 * b).to(mu.dtype)
             x_in = x.to(mu.dtype)
-            v = self.estimator(
-                torch.cat([x_in, x_in]), valid2, mu2, tt, spks2, cond2, streaming2,
-                None if past is None else past.at(step),
-            ).float()
+            step_past = None if past is None else past.at(step)
+            v = self.estimator(torch.cat([x_in, x_in]), valid2, mu2, tt, spks2, cond2, streaming2, step_past)
+            v = v.float()
             v_cond, v_uncond = v[:b], v[b:]
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
         return x
