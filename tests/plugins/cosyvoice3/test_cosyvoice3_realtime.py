@@ -124,6 +124,7 @@ def test_text_in_speech_out(client):
     assert any(pcm[i] for i in range(len(pcm)))
     done = events[-1].response
     assert done.status == "completed" and done.id == response_id
+    assert done.usage.input_tokens >= 1 and done.usage.output_tokens >= 1  # the speech LM's tokens
     assert done.output[0].content[0].transcript == TEXT
     assert events[-5].transcript == TEXT
 

@@ -166,6 +166,7 @@ class RespondingSession(RealtimeSession):
         await response.begin(previous)
         await self.started(response, plan)
         handle, final, details, status = None, {}, None, "completed"
+        speech_usage: dict = {}  # a speech family's usage rides on its audio events
         try:
             omni = self.state.ready_omni()
             if response.cancelled is None:
@@ -182,7 +183,7 @@ class RespondingSession(RealtimeSession):
                         elif payload.get("text"):
                             await response.text_delta(payload["text"])
                     elif event.name == "audio":
-                        final = {**final, "usage": payload.get("usage") or final.get("usage")}
+                        speech_usage.update(payload.get("usage") or {})  # the latest is the whole
                         if "audio" in payload:
                             await response.audio_delta(audio.feed(to_numpy(payload["audio"])))
                 if response.cancelled is None:
@@ -205,5 +206,5 @@ class RespondingSession(RealtimeSession):
         if status == "completed" and response.audio:
             seconds = response.audio_bytes / 2 / response.output_rate
             self.state.metrics.audio_seconds.labels(ENDPOINT).inc(seconds)
-        await response.end(previous, status, details, usage_of(final))
+        await response.end(previous, status, details, usage_of({"usage": final.get("usage") or speech_usage}))
         return status
