@@ -228,8 +228,7 @@ class FlowModel(nn.Module):
         embedding runs over all tokens: it is cheap next to the DiT), queries over them alone."""
         inputs, frames = self.prepare(requests)
         batch = cache.batch([r.request_id for r in requests], frames)
-        index = batch.positions.clamp(max=max(frames) - 1)  # [B, new] absolute frames
-        pick = index[:, None, :].expand(-1, self.cfg.mel_bins, -1)
+        pick = batch.positions[:, None, :].expand(-1, self.cfg.mel_bins, -1)  # [B, 80, new]
         mel = self.decoder(
             mu=inputs["mu"].gather(2, pick),
             valid=batch.valid,

@@ -134,7 +134,8 @@ class CachedBatch:
         self.conv_in = stacked.flatten(1, 2)
         self.conv_out = torch.empty_like(self.conv_in)
         starts = torch.tensor(self.starts)
-        self.positions = (starts[:, None] + torch.arange(n_max)[None, :]).to(dev)  # [B, n_max]
+        # [B, n_max] absolute frames; a padded frame past the longest row's end takes the last one
+        self.positions = (starts[:, None] + torch.arange(n_max)[None, :]).clamp(max=t_max - 1).to(dev)
         self.valid = (torch.arange(n_max)[None, :] < torch.tensor(self.new)[:, None]).to(dev)
         # the chunk mask in absolute frames: a key is seen if it exists and is in the query's chunk or before
         chunk = cache.block

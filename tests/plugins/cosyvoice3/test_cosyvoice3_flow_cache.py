@@ -172,3 +172,50 @@ def test_the_cache_on_cuda_in_bfloat16_agrees_with_the_graphs(tiny_dir):
         assert cached[rid].shape == plain[rid].shape
         assert float((cached[rid] - plain[rid]).norm() / plain[rid].norm()) < 0.05
     _assert_empty(cache)
+
+
+def test_a_first_call_batched_with_a_long_cached_request(flow):
+    """A request's first call (all its frames new, a long prompt) in one cached call with a
+    request far into its reply (few new frames after many cached): each gets its mel."""
+    streams = _streams(6, [(13, 400), (150, 60)])
+    old, new = streams["r0"]["generated"], streams["r1"]["generated"]
+
+    def cond(s):
+        return {"prompt_tokens": s["prompt"], "prompt_mel": s["prompt_mel"], "embedding": s["embedding"], "streaming": True}
+
+    script = [  # r0 reaches 287 tokens; then r0's chunk to 387 beside r1's first chunk; then both end
+        [Message("r0", "cond", cond(streams["r0"]), seq=0)],
+        [Message("r0", "tokens", {"token_ids": old[:290]}, end=False, seq=1)],
+        [Message("r1", "cond", cond(streams["r1"]), seq=0)],
+        [
+            Message("r0", "tokens", {"token_ids": old[290:390]}, end=False, seq=2),
+            Message("r1", "tokens", {"token_ids": new[:40]}, end=False, seq=1),
+        ],
+        [
+            Message("r0", "tokens", {"token_ids": old[390:]}, end=True, seq=3),
+            Message("r1", "tokens", {"token_ids": new[40:]}, end=True, seq=2),
+        ],
+    ]
+
+    def play(worker):
+        mels = {"r0": [], "r1": []}
+        for batch in script:
+            worker.process(batch, lambda rid, port, payload, end=False: mels[rid].append(payload["mel"]))
+        return {rid: torch.cat(m, dim=1) for rid, m in mels.items()}
+
+    plain = play(FlowWorker(flow, hop=25, max_hop=100))
+    cache = FlowCache(flow.cfg, 1 << 30, "cpu", flow.dtype)
+    batches = []
+    make_batch = cache.batch
+
+    def watch(request_ids, ends):
+        batch = make_batch(request_ids, ends)
+        batches.append((batch.starts, ends))
+        return batch
+
+    cache.batch = watch
+    cached = play(FlowWorker(flow, hop=25, max_hop=100, cache=cache))
+    assert ([2 * (13 + 287), 0], [2 * (13 + 387), 2 * (150 + 25)]) in batches
+    for rid in streams:
+        torch.testing.assert_close(cached[rid], plain[rid], **TOLERANCE)
+    _assert_empty(cache)
