@@ -12,8 +12,10 @@ import time
 
 import openai
 import pytest
+from websockets.sync.client import connect
 
 from tests.core.serve.server import metric
+from tests.helpers.realtime_events import events_until_done
 from tests.helpers.server import OmniServer
 
 KEY = "realtime-speech-key"
@@ -127,6 +129,23 @@ def test_text_in_speech_out(client):
     assert done.usage.input_tokens >= 1 and done.usage.output_tokens >= 1  # the speech LM's tokens
     assert done.output[0].content[0].transcript == TEXT
     assert events[-5].transcript == TEXT
+
+
+def test_every_server_event_is_the_sdk_type_of_its_name(server):
+    url = server.url.replace("http://", "ws://") + "/v1/realtime?model=cosyvoice3"
+    with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=30) as ws:
+        say = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TEXT}]}
+        events = events_until_done(
+            ws,
+            [
+                {"type": "session.update", "session": {"type": "realtime", "instructions": None}},
+                {"type": "response.cancel"},  # nothing to cancel: an error event
+                {"type": "conversation.item.create", "item": say},
+                {"type": "response.create"},
+            ],
+        )
+    kinds = {event["type"] for event in events}
+    assert {"session.created", "session.updated", "error", "response.output_audio.delta"} <= kinds
 
 
 def test_voice_from_session_update_and_unknown_voice(client):

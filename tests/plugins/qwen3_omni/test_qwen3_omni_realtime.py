@@ -17,8 +17,10 @@ import openai
 import pytest
 import soundfile as sf
 import soxr
+from websockets.sync.client import connect
 
 from tests.core.serve.server import metric
+from tests.helpers.realtime_events import events_until_done
 
 from .conftest import tiny_server
 
@@ -126,6 +128,24 @@ def test_text_in_text_and_audio_out_with_the_conversation_kept(client):
         text = "".join(e.delta for e in second if e.type == "response.output_text.delta")
         assert second[-1].response.output[0].content[0].text == text
         assert second[-1].response.usage.input_tokens > done.usage.input_tokens + done.usage.output_tokens
+
+
+def test_every_server_event_is_the_sdk_type_of_its_name(server):
+    url = server.url.replace("http://", "ws://") + "/v1/realtime?model=qwen3-omni"
+    with connect(url, open_timeout=30) as ws:
+        ask = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"}]}
+        session = {"type": "realtime", "max_output_tokens": 4, "audio": {"input": {"turn_detection": None}}}
+        events = events_until_done(
+            ws,
+            [
+                {"type": "session.update", "session": session},
+                {"type": "input_audio_buffer.commit"},  # nothing to commit: an error event
+                {"type": "conversation.item.create", "item": ask},
+                {"type": "response.create"},
+            ],
+        )
+    kinds = {event["type"] for event in events}
+    assert {"session.created", "session.updated", "error", "response.output_audio.delta"} <= kinds
 
 
 def test_spoken_turn_is_answered_when_server_vad_ends_it(client, spoken_pcm):
