@@ -9,9 +9,11 @@ call under the chunk mask, ``flow_last_call=masked``). Per call: wall ms (synchr
 per request (all frames so far without the cache, the new frames with it) and its key frames.
 
 On CUDA the uncached path runs as the stage runs it: bucketed CUDA graphs (the topology's
-default buckets; batch x frames past 8192 eager); the cached path runs eagerly.
+default buckets; batch x frames past 8192 eager); the cached path runs eagerly, and with
+``--cache-graphs`` also as graphs of its own (``flow_cache_graphs=true``; the masked-last mode
+then uses them too). The warm-up run captures the buckets the timed runs replay.
 
-    python benchmarks/cosyvoice3_flow_cache.py --preset full --device cuda --dtype bfloat16 --streams 1 8 32 --masked-last
+    python benchmarks/cosyvoice3_flow_cache.py --preset full --device cuda --dtype bfloat16 --streams 1 8 32 --masked-last --cache-graphs
     python benchmarks/cosyvoice3_flow_cache.py --preset tiny --streams 1 8   # CPU
 """
 
@@ -123,6 +125,7 @@ def main() -> None:
     parser.add_argument("--cache-gb", type=float, help="cache budget (default: what the streams need)")
     parser.add_argument("--no-graphs", action="store_true", help="uncached path eagerly on CUDA too")
     parser.add_argument("--masked-last", action="store_true", help="also time flow_last_call=masked")
+    parser.add_argument("--cache-graphs", action="store_true", help="also time flow_cache_graphs=true (CUDA)")
     parser.add_argument("--repeat", type=int, default=1, help="timed runs; each call's fastest counts")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -148,11 +151,13 @@ def main() -> None:
         probe = FlowCache(flow.cfg, 0, device, flow.dtype)
         need = streams * (frames + probe.block) * probe.frame_bytes
         budget = int(args.cache_gb * 2**30) if args.cache_gb else need
-        modes = [("no cache", False, False), ("cache", True, False)]
+        modes = [("no cache", False, False, False), ("cache", True, False, False)]
+        if args.cache_graphs:
+            modes.append(("cache, graphs", True, False, True))
         if args.masked_last:
-            modes.append(("cache, masked last", True, True))
-        for label, cached, masked_last in modes:
-            cache = FlowCache(flow.cfg, budget, device, flow.dtype) if cached else None
+            modes.append(("cache, masked last", True, True, args.cache_graphs))
+        for label, cached, masked_last, cache_graphs in modes:
+            cache = FlowCache(flow.cfg, budget, device, flow.dtype, use_graphs=cache_graphs) if cached else None
             worker = FlowWorker(flow, hop=25, max_hop=100, cache=cache, masked_last=masked_last)
             answers, refused = watch_reserve(cache) if cache is not None else ({}, set())
             run_streams(worker, streams, args.prompt, args.tokens, device, 1, answers)  # warm-up

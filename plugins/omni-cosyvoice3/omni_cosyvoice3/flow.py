@@ -8,6 +8,8 @@ tokens as right context, exactly as the one-shot pass would see them.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +18,7 @@ from torch import nn
 
 from .config import FlowConfig
 from .dit import DiT
-from .flow_cache import FlowCache
+from .flow_cache import CachedCall, CachedFrames, FlowCache, pad_cached_inputs
 from .graph_buckets import GraphBuckets
 
 NOISE_FRAMES = 50 * 300  # 300 s of 50 Hz mel frames of fixed noise
@@ -225,25 +227,81 @@ class FlowModel(nn.Module):
 
     def _infer_cached(self, requests: list[FlowRequest], cache: FlowCache) -> list[torch.Tensor]:
         """Each row's frames past its cached ones: the inputs of those frames only (the token
-        embedding runs over all tokens: it is cheap next to the DiT), queries over them alone."""
-        inputs, frames = self.prepare(requests)
-        batch = cache.batch([r.request_id for r in requests], frames)
-        pick = batch.positions[:, None, :].expand(-1, self.cfg.mel_bins, -1)  # [B, 80, new]
-        mel = self.decoder(
-            mu=inputs["mu"].gather(2, pick),
-            valid=batch.valid,
-            spks=inputs["spks"],
-            cond=inputs["cond"].gather(2, pick),
-            streaming=inputs["streaming"],
-            past=batch,
-        )
-        batch.commit()
+        embedding runs over all tokens: it is cheap next to the DiT), queries over them alone.
+        On CUDA with ``cache.use_graphs``, as CUDA graphs per (batch, queries, keys) bucket."""
+        call, tensors = self.cached_inputs(requests, cache)
+        packed = None
+        if self.graphs is not None and cache.use_graphs:
+            if cache.graphs is None:
+                cache.graphs = self._cached_graphs(cache)
+            packed = cache.graphs.run(tensors, len(requests), max(call.new), max(call.ends))
+        if packed is None:
+            packed = self.decode_cached(cache, **tensors)
+        mel, conv = self._unpack(packed, cache)
+        call.commit(conv.to(cache.dtype))
         out = []
         for i, r in enumerate(requests):
             # frames [start, end) came back; the caller wants those from prompt + first_frame on
-            skip = r.prompt_mel.shape[0] + r.first_frame - batch.starts[i]
-            out.append(mel[i, :, skip : batch.new[i]])
+            skip = r.prompt_mel.shape[0] + r.first_frame - call.starts[i]
+            out.append(mel[i, :, skip : call.new[i]])
         return out
+
+    def cached_inputs(self, requests: list[FlowRequest], cache: FlowCache) -> tuple[CachedCall, dict]:
+        """A cached call of ``requests`` (their blocks reserved) and ``decode_cached``'s inputs."""
+        inputs, frames = self.prepare(requests)
+        call = cache.batch([r.request_id for r in requests], frames)
+        pick = call.inputs["positions"][:, None, :].expand(-1, self.cfg.mel_bins, -1)
+        tensors = {
+            **call.inputs,
+            "mu": inputs["mu"].gather(2, pick),
+            "cond": inputs["cond"].gather(2, pick),
+            "spks": inputs["spks"],
+        }
+        return call, tensors
+
+    def decode_cached(self, cache: FlowCache, positions, ends, new, write, read, conv, mu, cond, spks):
+        """The Euler loop over a cached call's new frames (``flow_cache.CachedCall.inputs``),
+        reading and extending ``cache``'s pool. Returns per row its mel [80, n] and its position
+        conv's context after the call, flattened side by side (one tensor: a graph's output)."""
+        past = CachedFrames(cache, positions, ends, new, write, read, conv)
+        streaming = torch.ones(positions.shape[0], dtype=torch.bool, device=positions.device)
+        mel = self.decoder(mu=mu, valid=past.valid, spks=spks, cond=cond, streaming=streaming, past=past)
+        conv_rows = past.conv_rows().permute(2, 0, 1, 3, 4, 5).float()  # [B, steps, 2, 2, ctx, dim]
+        return torch.cat([mel.flatten(1), conv_rows.flatten(1)], dim=1)
+
+    def _unpack(self, packed: torch.Tensor, cache: FlowCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """``decode_cached``'s output -> mel [B, 80, n] and conv context [steps, 2, B, 2, ctx, dim]."""
+        conv_size = math.prod(cache.conv_shape)
+        b, mel_bins = packed.shape[0], self.cfg.mel_bins
+        mel = packed[:, : packed.shape[1] - conv_size].view(b, mel_bins, -1)
+        conv = packed[:, packed.shape[1] - conv_size :].reshape(b, *cache.conv_shape)
+        return mel, conv.permute(1, 2, 0, 3, 4, 5)
+
+    def _cached_graphs(self, cache: FlowCache) -> GraphBuckets:
+        """CUDA graphs of ``decode_cached`` per (batch, query frames, key frames) bucket, on the
+        flow graphs' batch and frame buckets (both frame counts round up to the frame buckets)."""
+        device, mel_bins, dtype = cache.device, self.cfg.mel_bins, self.dtype
+        steps, cfg_rows, convs, ctx, dim = cache.conv_shape
+
+        def example(b: int, n: int, t: int) -> dict[str, torch.Tensor]:
+            def zeros(*shape, kind=torch.long):
+                return torch.zeros(shape, device=device, dtype=kind)
+
+            return {
+                "positions": zeros(b, n),
+                "ends": torch.ones(b, dtype=torch.long, device=device),
+                "new": zeros(b),
+                "write": zeros(b, n),
+                "read": zeros(b, t),
+                "conv": zeros(steps, cfg_rows, b, convs, ctx, dim, kind=dtype),
+                "mu": zeros(b, mel_bins, n, kind=dtype),
+                "cond": zeros(b, mel_bins, n, kind=dtype),
+                "spks": zeros(b, mel_bins, kind=dtype),
+            }
+
+        g = self.graphs
+        fn = functools.partial(self.decode_cached, cache)
+        return GraphBuckets(fn, pad_cached_inputs, example, g.batches, g.frames, device, "flow-cache", g.max_work)
 
 
 def _pad_to(x: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:

@@ -35,7 +35,13 @@ class CachedRequest:
 
 class FlowCache:
     def __init__(
-        self, cfg: FlowConfig, budget_bytes: int, device: torch.device, dtype: torch.dtype, conv_kernel: int = 31
+        self,
+        cfg: FlowConfig,
+        budget_bytes: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        conv_kernel: int = 31,
+        use_graphs: bool = False,
     ):
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
         self.block = cfg.static_chunk_size
@@ -44,12 +50,16 @@ class FlowCache:
         item = torch.empty(0, dtype=dtype).element_size()
         # keys and values of one frame: every Euler step, block and CFG row
         self.frame_bytes = 2 * cfg.n_timesteps * cfg.depth * 2 * self.inner * item
+        self.conv_shape = (cfg.n_timesteps, 2, 2, self.context, cfg.dim)  # a request's conv context
         self.blocks_total = max(0, int(budget_bytes) // (self.frame_bytes * self.block))
         self.free_blocks = list(range(self.blocks_total, 0, -1))  # pop() hands out block 1 first
         self.requests: dict[str, CachedRequest] = {}
         self.refused: set[str] = set()
         self.keys: torch.Tensor | None = None  # [steps, depth, 2 CFG rows, slots, inner]
         self.values: torch.Tensor | None = None
+        # cached calls as CUDA graphs where the flow has graphs (``flow_cache_graphs``)
+        self.use_graphs = use_graphs
+        self.graphs = None  # GraphBuckets of (batch, query frames, key frames), made on first use
 
     def _pool(self) -> None:
         if self.keys is None:
@@ -103,62 +113,106 @@ class FlowCache:
         slots = (blocks[:, None] * self.block + torch.arange(self.block)[None, :]).flatten()
         return slots[start - first : end - first]
 
-    def batch(self, request_ids: list[str], ends: list[int]) -> "CachedBatch":
-        return CachedBatch(self, request_ids, ends)
+    def batch(self, request_ids: list[str], ends: list[int]) -> CachedCall:
+        """A cached call of these requests, each ending at its frame in ``ends`` (prompt included)."""
+        return CachedCall(self, request_ids, ends)
 
 
-class CachedBatch:
-    """One cached flow call: each row's new frames [start, end) as queries, against the pool's
-    keys [0, end). Rows are right-padded; padded frames write to and read from the scratch block.
-    The Euler loop asks ``at(step)`` for what the DiT needs at that step."""
+class CachedCall:
+    """One cached flow call on the host side: each row's new frames [start, end) are its queries,
+    against its frames [0, end) in the pool. ``inputs`` are its tensors (on the device), which
+    ``CachedFrames`` turns into what the DiT reads; ``commit`` records what the call computed."""
 
     def __init__(self, cache: FlowCache, request_ids: list[str], ends: list[int]):
         self.cache, self.request_ids, self.ends = cache, request_ids, ends
         self.starts = [cache.cached_frames(r) for r in request_ids]
-        b, dev = len(request_ids), cache.device
         self.new = [e - s for s, e in zip(self.starts, ends, strict=True)]
-        n_max, t_max = max(self.new), max(ends)
+        b, n_max, t_max = len(request_ids), max(self.new), max(ends)
         write = torch.zeros(b, n_max, dtype=torch.long)
         read = torch.zeros(b, t_max, dtype=torch.long)
         contexts = []
-        steps, dim = cache.cfg.n_timesteps, cache.cfg.dim
         for i, (rid, s, e) in enumerate(zip(request_ids, self.starts, ends, strict=True)):
             read[i, :e] = cache.slots(rid, 0, e)
             write[i, : e - s] = read[i, s:e]
             ctx = cache.requests[rid].conv_context
             # zeros before the first frame: what the position conv's padding gives
-            contexts.append(ctx if ctx is not None else torch.zeros(steps, 2, 2, cache.context, dim, device=dev))
-        self.write, self.read = write.to(dev), read.to(dev)
-        # [steps, 2B (conditional rows, then unconditional), 2 convs, kernel - 1, dim]
-        stacked = torch.stack(contexts, dim=2).to(dev, cache.dtype)  # [steps, 2, B, 2, ctx, dim]
-        self.conv_in = stacked.flatten(1, 2)
-        self.conv_out = torch.empty_like(self.conv_in)
+            contexts.append(ctx if ctx is not None else torch.zeros(cache.conv_shape, device=cache.device))
         starts = torch.tensor(self.starts)
-        # [B, n_max] absolute frames; a padded frame past the longest row's end takes the last one
-        self.positions = (starts[:, None] + torch.arange(n_max)[None, :]).clamp(max=t_max - 1).to(dev)
-        self.valid = (torch.arange(n_max)[None, :] < torch.tensor(self.new)[:, None]).to(dev)
-        # the chunk mask in absolute frames: a key is seen if it exists and is in the query's chunk or before
-        chunk = cache.block
-        keys = torch.arange(t_max, device=dev)
-        reach = (self.positions // chunk + 1) * chunk
-        seen = keys[None, None, :] < reach[:, :, None]
-        exists = keys[None, None, :] < torch.tensor(ends, device=dev)[:, None, None]
-        mask = seen & exists
-        self.mask = torch.cat([mask, mask])[:, None]  # [2B, 1, n_max, t_max]
-        # each row's last kernel - 1 frames in (context + new) order: the next call's conv context
-        last = torch.tensor(self.new)[:, None] + torch.arange(cache.context)[None, :]
-        self.last = torch.cat([last, last]).to(dev)
-        self.step = 0
-        self._rope = None
+        # a padded frame past the longest row's end takes the last position
+        positions = (starts[:, None] + torch.arange(n_max)[None, :]).clamp(max=t_max - 1)
+        self.inputs = {
+            "positions": positions.to(cache.device),  # [B, n_max] absolute frames of the queries
+            "ends": torch.tensor(ends).to(cache.device),
+            "new": torch.tensor(self.new).to(cache.device),
+            "write": write.to(cache.device),  # [B, n_max] pool slots the new frames fill
+            "read": read.to(cache.device),  # [B, t_max] pool slots of all frames
+            "conv": torch.stack(contexts, dim=2).to(cache.dtype),  # [steps, 2 CFG, B, 2 convs, ctx, dim]
+        }
 
-    def at(self, step: int) -> "CachedBatch":
+    def commit(self, conv: torch.Tensor) -> None:
+        """``conv`` [steps, 2 CFG, B, 2, ctx, dim]: each row's position-conv context after the call."""
+        for i, (rid, end) in enumerate(zip(self.request_ids, self.ends, strict=True)):
+            self.cache.commit(rid, end, conv[:, :, i].clone())
+
+
+def pad_cached_inputs(inputs: dict[str, torch.Tensor], batch: int, frames: int, keys: int) -> dict[str, torch.Tensor]:
+    """Pad a cached call's tensors to ``batch`` rows, ``frames`` queries and ``keys`` keys: padded
+    frames and dummy rows write to and read from the scratch block, and a dummy row has one key
+    (no empty softmax); the real rows' real frames are unchanged."""
+    b = inputs["ends"].shape[0]
+
+    def pad(x: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:
+        out = x.new_full(shape, fill)
+        out[tuple(slice(0, n) for n in x.shape)] = x
+        return out
+
+    conv = inputs["conv"]
+    out = {
+        "positions": pad(inputs["positions"], (batch, frames), 0),
+        "ends": pad(inputs["ends"], (batch,), 1),
+        "new": pad(inputs["new"], (batch,), 0),
+        "write": pad(inputs["write"], (batch, frames), 0),
+        "read": pad(inputs["read"], (batch, keys), 0),
+        "conv": pad(conv, (*conv.shape[:2], batch, *conv.shape[3:]), 0),
+    }
+    for name in ("mu", "cond"):
+        if name in inputs:
+            out[name] = pad(inputs[name], (batch, inputs[name].shape[1], frames), 0)
+    if "spks" in inputs:
+        out["spks"] = pad(inputs["spks"], (batch, inputs["spks"].shape[1]), 0)
+    return out
+
+
+class CachedFrames:
+    """What the DiT reads of a cached call, built from its tensors alone (no host values, so a
+    CUDA graph can capture it): the chunk mask and rotary tables at each query's absolute frame,
+    the pool's keys/values of each block and Euler step, the position conv's context. The Euler
+    loop asks ``at(step)`` before each step."""
+
+    def __init__(self, cache: FlowCache, positions, ends, new, write, read, conv):
+        self.cache, self.write, self.read = cache, write, read
+        b, n = positions.shape
+        t, dev = read.shape[1], positions.device
+        self.positions = positions
+        self.valid = torch.arange(n, device=dev)[None, :] < new[:, None]
+        keys = torch.arange(t, device=dev)[None, None, :]
+        reach = (positions // cache.block + 1) * cache.block
+        mask = (keys < reach[:, :, None]) & (keys < ends[:, None, None])  # the chunk mask, keys that exist
+        self.mask = torch.cat([mask, mask])[:, None]  # [2B, 1, n, t]
+        last = new[:, None] + torch.arange(cache.context, device=dev)[None, :]
+        self.last = torch.cat([last, last])  # each row's last kernel - 1 frames in (context + new)
+        self.conv_in = conv.flatten(1, 2)  # [steps, 2B, 2, ctx, dim]: conditional rows, then unconditional
+        self.conv_out = torch.empty_like(self.conv_in)
+        self.step, self._rope = 0, None
+
+    def at(self, step: int) -> CachedFrames:
         self.step = step
         return self
 
     def rope(self, rotary, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary tables at each new frame's absolute position, [2B, n_max, width] (once a call)."""
+        """The rotary tables at each query's absolute frame, [2B, n, width] (once a call)."""
         if self._rope is None:
-            cos, sin = rotary.tables(max(self.ends), width)
+            cos, sin = rotary.tables(self.read.shape[1], width)
             cos, sin = cos[self.positions], sin[self.positions]
             self._rope = torch.cat([cos, cos]), torch.cat([sin, sin])
         return self._rope
@@ -170,19 +224,17 @@ class CachedBatch:
         self.conv_out[self.step] = context
 
     def last_frames(self) -> torch.Tensor:
-        """[2B, kernel - 1] indices of each row's last ``kernel - 1`` frames in (context + new) order."""
         return self.last
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new frames' keys/values [2B, n_max, inner] into the pool (padded frames into
-        the scratch block); return every frame's, [2B, t_max, inner]."""
-        b = len(self.request_ids)
+        """Write the new frames' keys/values [2B, n, inner] into the pool (padded frames into
+        the scratch block); return every frame's, [2B, t, inner]."""
+        b = self.write.shape[0]
         pool_k, pool_v = self.cache.keys[self.step, layer], self.cache.values[self.step, layer]
         pool_k[:, self.write] = k.unflatten(0, (2, b))
         pool_v[:, self.write] = v.unflatten(0, (2, b))
         return pool_k[:, self.read].flatten(0, 1), pool_v[:, self.read].flatten(0, 1)
 
-    def commit(self) -> None:
-        b = len(self.request_ids)
-        for i, (rid, end) in enumerate(zip(self.request_ids, self.ends, strict=True)):
-            self.cache.commit(rid, end, self.conv_out[:, [i, b + i]].clone())
+    def conv_rows(self) -> torch.Tensor:
+        """The conv context after the call, [steps, 2 CFG, B, 2, ctx, dim]."""
+        return self.conv_out.unflatten(1, (2, -1))

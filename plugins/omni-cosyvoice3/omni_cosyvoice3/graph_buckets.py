@@ -71,8 +71,8 @@ class GraphBuckets:
     def __init__(
         self,
         fn: Callable[..., torch.Tensor],
-        pad: Callable[[Inputs, int, int], Inputs],
-        example: Callable[[int, int], Inputs],
+        pad: Callable[..., Inputs],  # (inputs, batch, frames, *more)
+        example: Callable[..., Inputs],  # (batch, frames, *more)
         batches: tuple[int, ...],
         frames: tuple[int, ...],
         device: torch.device,
@@ -83,21 +83,23 @@ class GraphBuckets:
         self.batches, self.frames = batches, frames
         self.device, self.name = device, name
         self.max_work = max_work  # batch x frames of the largest bucket worth a graph
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Inputs, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, Inputs, torch.Tensor]] = {}
         self.pool = None
         self.capture_seconds = 0.0
 
-    def bucket(self, batch: int, frames: int) -> tuple[int, int] | None:
-        b, t = round_up(batch, self.batches), round_up(frames, self.frames)
-        if b is None or t is None or (self.max_work is not None and b * t > self.max_work):
+    def bucket(self, batch: int, frames: int, *more: int) -> tuple[int, ...] | None:
+        """The bucket of a call: batch and frames (and any further frame counts, e.g. the keys
+        of a call whose queries are ``frames``) each rounded up; None past the largest."""
+        key = (round_up(batch, self.batches), *(round_up(f, self.frames) for f in (frames, *more)))
+        if None in key or (self.max_work is not None and key[0] * key[1] > self.max_work):
             return None
-        return b, t
+        return key
 
     @torch.inference_mode()
-    def capture(self, batch: int, frames: int) -> None:
-        key = self.bucket(batch, frames)
+    def capture(self, batch: int, frames: int, *more: int) -> None:
+        key = self.bucket(batch, frames, *more)
         if key is None:
-            raise ValueError(f"{self.name}: {batch}x{frames} is beyond the largest graph bucket")
+            raise ValueError(f"{self.name}: {(batch, frames, *more)} is beyond the largest graph bucket")
         if key in self.graphs:
             return
         start = time.perf_counter()
@@ -118,19 +120,22 @@ class GraphBuckets:
         self.graphs[key] = (graph, static, out)
         self.capture_seconds += time.perf_counter() - start
         log.info(
-            "%s: captured a CUDA graph for %dx%d in %.2f s", self.name, *key, time.perf_counter() - start
+            "%s: captured a CUDA graph for %s in %.2f s",
+            self.name,
+            "x".join(map(str, key)),
+            time.perf_counter() - start,
         )
 
-    def warm(self, buckets: Iterable[tuple[int, int]]) -> None:
+    def warm(self, buckets: Iterable[tuple[int, ...]]) -> None:
         """Capture these buckets now (those past ``max_work`` run eagerly: skipped)."""
-        for b, t in buckets:
-            if self.bucket(b, t) is not None:
-                self.capture(b, t)
+        for key in buckets:
+            if self.bucket(*key) is not None:
+                self.capture(*key)
 
     @torch.inference_mode()
-    def run(self, inputs: Inputs, batch: int, frames: int) -> torch.Tensor | None:
+    def run(self, inputs: Inputs, batch: int, frames: int, *more: int) -> torch.Tensor | None:
         """The padded output's first ``batch`` rows (a copy), or None past the largest bucket."""
-        key = self.bucket(batch, frames)
+        key = self.bucket(batch, frames, *more)
         if key is None:
             return None
         if key not in self.graphs:

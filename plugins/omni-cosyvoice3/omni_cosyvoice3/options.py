@@ -18,6 +18,7 @@ OPTIONS = {
     "min_length_blocks": "what a reply under its minimum cannot draw: reference (6561 alone, default) | all (every stop id)",
     "llm_overlap_decode": "launch each llm decode step before the last one's tokens reach the host (false)",
     "flow_cache_bytes": "bytes of the flow's cache of streamed requests' finished chunks (0: off, default)",
+    "flow_cache_graphs": "cached flow calls as CUDA graphs per (batch, queries, keys) bucket where the flow has graphs (false: eager)",
     "flow_last_call": "a streamed request's last flow call: full (attends over all frames, the reference's, default) | masked (the chunk mask, on the cache)",
     "flow_graphs": _GRAPHS.format("flow"),
     "hift_graphs": _GRAPHS.format("HiFT"),

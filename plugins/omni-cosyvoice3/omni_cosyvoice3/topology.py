@@ -115,12 +115,15 @@ def flow_factory(
     cache_bytes: int = 0,
     schedule: str = "arrival",
     masked_last: bool = False,
+    cache_graphs: bool = False,
 ):
     cfg = load_config(checkpoint_dir)
     model = load_flow(checkpoint_dir, cfg).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _captures_graphs(context):
         model.use_graphs(graphs["batches"], graphs["frames"], graphs["warm"], graphs["max_work"])
-    cache = FlowCache(cfg.flow, cache_bytes, context.device, model.dtype) if cache_bytes > 0 else None
+    cache = None
+    if cache_bytes > 0:
+        cache = FlowCache(cfg.flow, cache_bytes, context.device, model.dtype, use_graphs=cache_graphs)
     if schedule == "deadline":
         mel_seconds = cfg.hift.samples_per_frame / cfg.sample_rate
         return DeadlineFlowWorker(
@@ -205,6 +208,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     cache_bytes=int(options.get("flow_cache_bytes", 0)),
                     schedule=schedule,
                     masked_last=_flow_last_call(options) == "masked",
+                    cache_graphs=bool(options.get("flow_cache_graphs", False)),
                 ),
                 ("cond", "tokens"),
                 ("mel",),

@@ -159,19 +159,25 @@ def test_a_masked_last_call_runs_on_the_cache_and_equals_the_chunk_masked_one_sh
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_the_cache_on_cuda_in_bfloat16_agrees_with_the_graphs(tiny_dir):
-    """On CUDA the uncached calls replay bucketed graphs and the cached ones run eagerly over
-    other shapes: bf16 rounding apart, the same mel."""
+@pytest.mark.parametrize("cache_graphs", [False, True])
+def test_the_cache_on_cuda_in_bfloat16_agrees_with_the_graphs(tiny_dir, cache_graphs):
+    """On CUDA the uncached calls replay bucketed graphs; the cached ones run eagerly, or replay
+    graphs of their own per (batch, queries, keys) bucket: bf16 rounding apart, the same mel."""
     model = load_flow(tiny_dir).to("cuda", torch.bfloat16)
     model.use_graphs(batches=(1, 2, 4), frames=(64, 128, 256, 512, 1024))
     streams = _streams(5, SHAPES)
     plain = _run(FlowWorker(model, hop=25, max_hop=100), streams, PIECES)
-    cache = FlowCache(model.cfg, 1 << 28, "cuda", model.dtype)
+    cache = FlowCache(model.cfg, 1 << 28, "cuda", model.dtype, use_graphs=cache_graphs)
     cached = _run(FlowWorker(model, hop=25, max_hop=100, cache=cache), streams, PIECES)
     for rid in streams:
         assert cached[rid].shape == plain[rid].shape
         assert float((cached[rid] - plain[rid]).norm() / plain[rid].norm()) < 0.05
     _assert_empty(cache)
+    assert (cache.graphs is not None and len(cache.graphs.graphs) > 0) == cache_graphs
+    if cache_graphs:  # the captured buckets replay: the same mel again
+        again = _run(FlowWorker(model, hop=25, max_hop=100, cache=cache), _streams(5, SHAPES), PIECES)
+        for rid in streams:
+            torch.testing.assert_close(again[rid], cached[rid])
 
 
 def test_a_first_call_batched_with_a_long_cached_request(flow):
@@ -219,3 +225,31 @@ def test_a_first_call_batched_with_a_long_cached_request(flow):
     for rid in streams:
         torch.testing.assert_close(cached[rid], plain[rid], **TOLERANCE)
     _assert_empty(cache)
+
+
+def test_a_cached_call_padded_to_a_graph_bucket_keeps_its_rows(flow):
+    """What the cached calls' CUDA graphs rely on, checked on the CPU: padded to more rows, query
+    frames and key frames (``pad_cached_inputs``), a cached call's real rows give the same mel
+    and the same position-conv context on every real frame."""
+    from omni_cosyvoice3.flow import FlowRequest
+    from omni_cosyvoice3.flow_cache import pad_cached_inputs
+
+    streams = _streams(7, [(13, 200), (40, 100)])
+    cache = FlowCache(flow.cfg, 1 << 28, "cpu", flow.dtype)
+
+    def request(rid, generated):
+        s = streams[rid]
+        tokens = torch.tensor(s["prompt"] + s["generated"][: generated + 3])
+        return FlowRequest(tokens, len(s["prompt"]), s["prompt_mel"], s["embedding"], False, True, 0, rid)
+
+    flow.infer([request("r0", 87)], cache)  # r0 has 200 frames cached, r1 none
+    batch = [request("r0", 187), request("r1", 60)]
+    assert all(cache.reserve(r.request_id, flow.total_frames(r)) for r in batch)
+    call, tensors = flow.cached_inputs(batch, cache)
+    assert call.starts == [200, 0] and call.new == [200, 200]
+    mel, conv = flow._unpack(flow.decode_cached(cache, **tensors), cache)
+    padded = pad_cached_inputs(tensors, 4, 256, 512)
+    mel_p, conv_p = flow._unpack(flow.decode_cached(cache, **padded), cache)
+    for i, n in enumerate(call.new):
+        torch.testing.assert_close(mel_p[i, :, :n], mel[i, :, :n], **TOLERANCE)
+        torch.testing.assert_close(conv_p[:, :, i], conv[:, :, i], **TOLERANCE)
