@@ -218,7 +218,7 @@ class DiT(nn.Module):
     def forward(self, x, valid, mu, t, spks, cond, streaming: torch.Tensor, past=None) -> torch.Tensor:
         """x, mu, cond: [B, 80, T]; valid, streaming: [B, T], [B] bool; t: [B]; spks: [B, 80] -> [B, 80, T].
 
-        With ``past`` (a ``flow_cache.CachedBatch`` at this Euler step) the T frames are each
+        With ``past`` (a ``flow_cache.CachedFrames`` at this Euler step) the T frames are each
         row's new frames after its cached ones, under the chunk mask."""
         x, mu, cond = x.transpose(1, 2), mu.transpose(1, 2), cond.transpose(1, 2)
         t_emb = self.time_embed(t)

@@ -55,7 +55,7 @@ class ConditionalCFM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, mu, valid, spks, cond, streaming, past=None) -> torch.Tensor:
-        """``past`` (a ``flow_cache.CachedBatch``): the frames are each row's new frames after
+        """``past`` (a ``flow_cache.CachedFrames``): the frames are each row's new frames after
         its cached ones, starting at its own position of the fixed noise."""
         b, _, t = mu.shape
         if t > NOISE_FRAMES:

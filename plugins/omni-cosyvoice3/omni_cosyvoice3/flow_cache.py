@@ -15,6 +15,10 @@ is refused: its blocks are freed and its later calls recompute everything, as wi
 The last call of a streamed request attends over all frames by default (the reference's rule),
 so it does not use the cache; with the chunk mask (``flow_last_call=masked``) it does. The worker
 frees the request's blocks after it.
+
+A cached call (``CachedCall``) is described by tensors alone (pool slots to write and read,
+absolute positions, ends, conv context), which ``CachedFrames`` turns into what the DiT reads
+without a host value, so the call can be captured as a CUDA graph per padded bucket.
 """
 
 from __future__ import annotations
