@@ -76,7 +76,34 @@ def _graph_fit(model) -> Callable[[int, int], bool]:
     return lambda batch, frames: graphs.bucket(batch, frames) is not None
 
 
-class DeadlineFlowWorker(FlowWorker):
+class _ByDeadline:
+    """What both workers add: the clocks fed as audio leaves, ``choose`` by slack, and their
+    release. The worker class supplies ``_audio_seconds(payload)`` and ``_frames_after(message)``."""
+
+    clocks: StreamClocks
+
+    def process(self, messages, emit) -> None:
+        now = self.clocks.clock()
+        for message in messages:
+            self.clocks.seen(message.request_id, now)
+
+        def timed(request_id, port, payload, end=False):
+            seconds = self._audio_seconds(payload)
+            if seconds:
+                self.clocks.produced(request_id, seconds)
+            emit(request_id, port, payload, end)
+
+        super().process(messages, timed)
+
+    def choose(self, heads) -> list:
+        return by_deadline(self.clocks, heads, self._frames_after, _graph_fit(self.model))
+
+    def release(self, request_id: str) -> None:
+        super().release(request_id)
+        self.clocks.forget(request_id)
+
+
+class DeadlineFlowWorker(_ByDeadline, FlowWorker):
     """The flow worker, serving due chunks by slack; ``mel_seconds``: audio seconds a mel frame."""
 
     def __init__(self, *args, mel_seconds: float, clock: Callable[[], float] = time.monotonic, **kwargs):
@@ -84,20 +111,9 @@ class DeadlineFlowWorker(FlowWorker):
         self.mel_seconds = mel_seconds
         self.clocks = StreamClocks(clock)
 
-    def process(self, messages, emit) -> None:
-        def timed(request_id, port, payload, end=False):
-            mel = payload.get("mel")
-            if mel is not None and mel.shape[-1]:
-                self.clocks.produced(request_id, mel.shape[-1] * self.mel_seconds / payload.get("speed", 1.0))
-            emit(request_id, port, payload, end)
-
-        now = self.clocks.clock()
-        for message in messages:
-            self.clocks.seen(message.request_id, now)
-        super().process(messages, timed)
-
-    def choose(self, heads) -> list:
-        return by_deadline(self.clocks, heads, self._frames_after, _graph_fit(self.model))
+    def _audio_seconds(self, payload) -> float:
+        mel = payload.get("mel")
+        return 0.0 if mel is None else mel.shape[-1] * self.mel_seconds / payload.get("speed", 1.0)
 
     def _frames_after(self, message) -> int | None:
         """Mel frames (prompt included) of the flow call this message makes due, or None."""
@@ -111,12 +127,8 @@ class DeadlineFlowWorker(FlowWorker):
         # a non-final call holds its lookahead tokens back: its frames end at ``end`` either way
         return (len(stream.prompt_tokens) + due[0]) * self.model.cfg.token_mel_ratio
 
-    def release(self, request_id: str) -> None:
-        super().release(request_id)
-        self.clocks.forget(request_id)
 
-
-class DeadlineHiftWorker(HiftWorker):
+class DeadlineHiftWorker(_ByDeadline, HiftWorker):
     """The HiFT worker, vocoding by slack; ``sample_rate`` of its audio."""
 
     def __init__(self, *args, sample_rate: int, clock: Callable[[], float] = time.monotonic, **kwargs):
@@ -124,20 +136,9 @@ class DeadlineHiftWorker(HiftWorker):
         self.sample_rate = sample_rate
         self.clocks = StreamClocks(clock)
 
-    def process(self, messages, emit) -> None:
-        def timed(request_id, port, payload, end=False):
-            audio = payload.get("audio")
-            if audio is not None and audio.numel():
-                self.clocks.produced(request_id, audio.numel() / self.sample_rate)
-            emit(request_id, port, payload, end)
-
-        now = self.clocks.clock()
-        for message in messages:
-            self.clocks.seen(message.request_id, now)
-        super().process(messages, timed)
-
-    def choose(self, heads) -> list:
-        return by_deadline(self.clocks, heads, self._frames_after, _graph_fit(self.model))
+    def _audio_seconds(self, payload) -> float:
+        audio = payload.get("audio")
+        return 0.0 if audio is None else audio.numel() / self.sample_rate
 
     def _frames_after(self, message) -> int | None:
         mel = message.payload.get("mel")
@@ -146,7 +147,3 @@ class DeadlineHiftWorker(HiftWorker):
             return None
         cached = self.mel.get(message.request_id)
         return (0 if cached is None else int(cached.shape[1])) + new
-
-    def release(self, request_id: str) -> None:
-        super().release(request_id)
-        self.clocks.forget(request_id)
