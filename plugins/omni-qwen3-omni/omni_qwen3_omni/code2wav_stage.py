@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from omni_core.scheduler.applied_messages import AppliedMessages
-from omni_core.scheduler.host_copy import to_host
+from omni_core.scheduler.host_copy import to_device, to_host
 from omni_core.scheduler.stage_stream import StageStream
 
 from .code2wav import Code2Wav
@@ -94,7 +94,7 @@ class Code2WavWorker:
             groups[(window.shape[0], context)].append((rid, window))
         out: dict[str, torch.Tensor] = {}
         for (_, context), rows in groups.items():
-            codes = torch.stack([w for _, w in rows]).transpose(1, 2).to(self.device)
+            codes = to_device(torch.stack([w for _, w in rows]).transpose(1, 2).contiguous(), self.device)
             samples = to_host(self.model.decode_chunk(codes, context).float())
             out.update({rid: samples[i] for i, (rid, _) in enumerate(rows)})
         return out

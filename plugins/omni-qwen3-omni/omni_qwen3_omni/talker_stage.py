@@ -188,16 +188,22 @@ class TalkerWorker(ARStageWorker):
         text_rows = [j for j in range(len(ids)) if j not in media]
         user = torch.empty(len(ids), self.model.hidden_size, device=self.device, dtype=self.dtype)
         if text_rows:
-            user[torch.tensor(text_rows, device=self.device)] = self.text_vectors([ids[j] for j in text_rows])
+            user[self._on_device(text_rows)] = self.text_vectors([ids[j] for j in text_rows])
         if media_rows:
-            rows = torch.as_tensor(media_hidden).to(self.device, self.dtype)
-            user[torch.tensor(media_rows, device=self.device)] = p.hidden_projection(rows)
+            rows = to_device(torch.as_tensor(media_hidden), self.device).to(self.dtype)
+            user[self._on_device(media_rows)] = p.hidden_projection(rows)
         assistant = self.text_vectors(assistant_text_ids(speech, spoken))
         codec = assistant_codec_ids(speech, plan["speaker"])
         with_codec = [i for i, c in enumerate(codec) if c is not None]
-        codes = torch.tensor([codec[i] for i in with_codec], device=self.device)
-        assistant[torch.tensor(with_codec, device=self.device)] += self.model.embed(codes)
+        codes = self._on_device([codec[i] for i in with_codec])
+        assistant[self._on_device(with_codec)] += self.model.embed(codes)
         return torch.cat([user, assistant])
+
+    def _on_device(self, values: list[int]) -> torch.Tensor:
+        """Integers on the device through pinned memory, without waiting: a copy from pageable
+        memory first waits for all the work queued on the GPU (the thinker's steps), which made a
+        burst's talker prompts wait hundreds of milliseconds."""
+        return to_device(torch.tensor(values, dtype=torch.int64), self.device)
 
     @torch.inference_mode()
     def text_vectors(self, thinker_ids: list[int]) -> torch.Tensor:

@@ -52,22 +52,32 @@ def plan(block_tables: torch.Tensor, block_size: int, query_lens: list[int], con
     cache slot of each packed key (sequence after sequence, positions 0..context-1)."""
     device = block_tables.device
     total_k = sum(context_lens)
-    contexts = torch.tensor(context_lens, device=device)
-    seq = torch.repeat_interleave(torch.arange(len(context_lens), device=device), contexts, output_size=total_k)
-    starts = torch.cumsum(contexts, 0) - contexts
-    pos = torch.arange(total_k, device=device) - starts[seq]
+    n = len(context_lens)
+    # every integer the step needs goes over in one copy
+    host = torch.tensor([[*context_lens, 0], *_offsets(query_lens, context_lens)], dtype=torch.int64)
+    ints = _to(host, device)
+    contexts, cu_q, cu_k = ints[0, :n], ints[1].to(torch.int32), ints[2].to(torch.int32)
+    seq = torch.repeat_interleave(torch.arange(n, device=device), contexts, output_size=total_k)
+    pos = torch.arange(total_k, device=device) - cu_k.long()[seq]
     slots = block_tables[seq, pos // block_size] * block_size + pos % block_size
-    zero = [0]
-    cu_q = torch.tensor(zero + list(_cumsum(query_lens)), dtype=torch.int32, device=device)
-    cu_k = torch.tensor(zero + list(_cumsum(context_lens)), dtype=torch.int32, device=device)
     return {"slots": slots, "cu_q": cu_q, "cu_k": cu_k, "max_q": max(query_lens), "max_k": max(context_lens)}
 
 
-def _cumsum(values: list[int]):
-    total = 0
-    for v in values:
-        total += v
-        yield total
+def _offsets(query_lens: list[int], context_lens: list[int]) -> list[list[int]]:
+    """Cumulative query and key offsets, n + 1 each."""
+    cu_q, cu_k = [0], [0]
+    for q, k in zip(query_lens, context_lens, strict=True):
+        cu_q.append(cu_q[-1] + q)
+        cu_k.append(cu_k[-1] + k)
+    return [cu_q, cu_k]
+
+
+def _to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Through pinned memory without waiting: a copy from pageable memory would first wait for
+    all the work queued on the GPU (other stages' steps)."""
+    if device.type == "cpu":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, planned: dict, scale: float) -> torch.Tensor:
