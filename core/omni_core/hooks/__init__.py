@@ -3,7 +3,7 @@
 from omni_core.hooks.errors import InputTooLarge, InvalidInput
 from omni_core.hooks.hookspecs import ENTRY_POINT_GROUP, PROJECT, hookimpl, hookspec
 from omni_core.hooks.manager import PluginManager, PluginRecord, UnknownNameError, get_plugin_manager
-from omni_core.hooks.options import check_option_names, number_option
+from omni_core.hooks.options import check_option_names, flag_option, number_option
 from omni_core.hooks.presets import warn_random_weights
 from omni_core.hooks.specs import TASKS, EngineSpec, FamilySpec, ReferenceLimits, TransportSpec, Voice
 
@@ -25,6 +25,7 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "check_option_names",
+    "flag_option",
     "number_option",
     "warn_random_weights",
 ]

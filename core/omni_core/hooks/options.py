@@ -2,7 +2,7 @@
 not declare is refused (a typo would otherwise serve as if the option were absent); numbers that
 size a batch or a chunk must be positive, or the stage would wait forever (a batch of 0 rows
 admits nothing) or loop (a chunk of 0 s never advances). A bad value fails the build with a
-message naming the option."""
+message naming the option; so does a flag that is not plainly true or false."""
 
 from __future__ import annotations
 
@@ -22,6 +22,21 @@ def number_option(options: dict[str, Any], name: str, default: float, kind: type
         what = "an integer" if kind is int else "a number"
         raise ValueError(f"option {name}={raw!r}: expected {what} {'of at least 0' if allow_zero else 'above 0'}")
     return value
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def flag_option(options: dict[str, Any], name: str, default: bool) -> bool:
+    """``options[name]`` (else ``default``) as a boolean: true/false (any case), yes/no, on/off,
+    1/0; anything else is refused (``bool("False")`` would be True)."""
+    raw = options.get(name, default)
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ValueError(f"option {name}={raw!r}: expected true or false")
 
 
 def check_option_names(spec, options: dict[str, Any]) -> None:

@@ -286,9 +286,14 @@ class BatchExecutor(_QueuedExecutor):
         for message in self._queue:
             heads.setdefault(message.request_id, message)
         candidates = list(heads.values())
+        try:
+            order = list(choose(candidates))
+        except Exception:  # a broken scheduler must not stop the stage: arrival order this time
+            log.exception("stage %r: choose failed; taking the oldest messages", self.context.stage)
+            order = candidates
         batch: list[Message] = []
         taken: set[int] = set()
-        for message in choose(candidates):
+        for message in order:
             if heads.get(message.request_id) is message and id(message) not in taken and len(batch) < self.max_batch:
                 batch.append(message)
                 taken.add(id(message))

@@ -66,7 +66,8 @@ def by_deadline(clocks: StreamClocks, heads, frames_of, fits) -> list:
             continue
         chosen.append(message)
         longest = max(longest, frames)
-    return chosen + [message for message, _ in free]
+    # work that costs nothing goes first: a new request's conditioning must not be cut by max_batch
+    return [message for message, _ in free] + chosen
 
 
 def _graph_fit(model) -> Callable[[int, int], bool]:
@@ -87,7 +88,8 @@ class _ByDeadline:
         for message in messages:
             self.clocks.seen(message.request_id, now)
 
-        def timed(request_id, port, payload, end=False):
+        def timed(request_id, port, payload=None, end=True):
+            payload = {} if payload is None else payload
             seconds = self._audio_seconds(payload)
             if seconds:
                 self.clocks.produced(request_id, seconds)

@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 
 import torch
-from omni_core.hooks import warn_random_weights
+from omni_core.hooks import flag_option, number_option, warn_random_weights
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.platforms import platform_for
 from omni_core.scheduler.engine import EngineConfig
@@ -90,7 +90,7 @@ def _graph_plan(options: dict, prefix: str, max_batch: int) -> dict | None:
     """``<prefix>_graphs`` (warm buckets: batch1 | all | none | BxT,...) and ``<prefix>_graph_frames``;
     batch buckets are powers of two up to ``max_batch``. None when graphs are off."""
     warm = str(options.get(f"{prefix}_graphs", "batch1"))
-    if not bool(options.get("cuda_graphs", True)) or warm.strip().lower() == "off":
+    if not flag_option(options, "cuda_graphs", True) or warm.strip().lower() == "off":
         return None
     frames = parse_buckets(str(options.get(f"{prefix}_graph_frames", DEFAULT_GRAPH_FRAMES)))
     batches = parse_buckets([2**i for i in range(max_batch.bit_length()) if 2**i < max_batch] + [max_batch])
@@ -184,12 +184,12 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     dtype=llm_dtype,
                     max_num_seqs=max_batch,
                     kv_cache_bytes=None if kv is None else int(kv),
-                    cuda_graphs=bool(options.get("cuda_graphs", True)),
+                    cuda_graphs=flag_option(options, "cuda_graphs", True),
                     length_ratios=(
                         float(options.get("min_token_text_ratio", 2.0)),
                         float(options.get("max_token_text_ratio", 20.0)),
                     ),
-                    overlap_decode=bool(options.get("llm_overlap_decode", False)),
+                    overlap_decode=flag_option(options, "llm_overlap_decode", False),
                     block_all_stops=_min_length_blocks(options) == "all",
                 ),
                 ("in",),
@@ -205,10 +205,10 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     dtype=dtype,
                     max_hop=int(options.get("max_hop", 100)),
                     graphs=flow_graphs,
-                    cache_bytes=int(options.get("flow_cache_bytes", 0)),
+                    cache_bytes=number_option(options, "flow_cache_bytes", 0, allow_zero=True),
                     schedule=schedule,
                     masked_last=_flow_last_call(options) == "masked",
-                    cache_graphs=bool(options.get("flow_cache_graphs", False)),
+                    cache_graphs=flag_option(options, "flow_cache_graphs", False),
                 ),
                 ("cond", "tokens"),
                 ("mel",),

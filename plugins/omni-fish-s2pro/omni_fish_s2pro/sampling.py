@@ -79,9 +79,13 @@ class StepSampler:
         that take it (``fast_ar_graphs``)."""
         if all(p.temperature == 0 for p in params):
             return None
+        # the largest top-k rounded up to a power of two: drawing among more candidates draws the
+        # same tokens (each row keeps its own top-k), and a client's top_k of 1..64 then makes 7
+        # paths to capture, not 64
+        largest = max(p.top_k for p in params)
         return FastPath(
             any_top_k=any(p.top_k > 0 for p in params), any_top_p=any(p.top_p < 1 for p in params),
-            any_greedy=any(p.temperature == 0 for p in params), max_top_k=max(p.top_k for p in params),
+            any_greedy=any(p.temperature == 0 for p in params), max_top_k=1 << (largest - 1).bit_length() if largest > 0 else 0,
             all_top_k=all(p.top_k > 0 for p in params),
         )  # fmt: skip
 

@@ -4,7 +4,7 @@ loop forever fails the build with a message naming the option."""
 from __future__ import annotations
 
 import pytest
-from omni_core.hooks import number_option
+from omni_core.hooks import flag_option, number_option
 
 
 @pytest.mark.parametrize("raw", [0, -3, "x", True, 2.5, float("nan"), float("inf"), None])
@@ -20,6 +20,15 @@ def test_good_values_and_defaults():
     assert number_option({"window_ms": 0}, "window_ms", 5.0, float, allow_zero=True) == 0.0
     with pytest.raises(ValueError, match="expected a number above 0"):
         number_option({"chunk_seconds": 0}, "chunk_seconds", 30.0, float)
+
+
+def test_a_flag_is_plainly_true_or_false():
+    assert flag_option({}, "cuda_graphs", True) is True
+    assert [flag_option({"f": raw}, "f", True) for raw in (False, "false", "False", "no", "OFF", "0", 0)] == [False] * 7
+    assert [flag_option({"f": raw}, "f", False) for raw in (True, "true", "Yes", "on", "1", 1)] == [True] * 6
+    for raw in ("maybe", "2", "", None):
+        with pytest.raises(ValueError, match=r"option f=.*: expected true or false"):
+            flag_option({"f": raw}, "f", False)
 
 
 def test_a_key_the_family_does_not_declare_is_refused_naming_it_and_the_known_ones():
@@ -42,7 +51,7 @@ def test_every_installed_family_declares_each_option_its_code_reads():
 
     from omni_core.hooks import get_plugin_manager
 
-    read = re.compile(r'(?:options\.get\(|number_option\(\s*[\w.]*options,\s*)"(\w+)"')
+    read = re.compile(r'(?:options\.get\(|(?:number|flag)_option\(\s*[\w.]*options,\s*)"(\w+)"')
     checked = []
     for name, spec in get_plugin_manager().families().items():
         if spec.options is None:

@@ -131,6 +131,23 @@ def test_a_worker_that_chooses_orders_the_requests_and_the_oldest_runs_if_it_pic
         executor.stop()
 
 
+class BrokenChooser(Doubler):
+    def choose(self, heads):
+        raise KeyError("no clock for this request")
+
+
+def test_a_choose_that_raises_falls_back_to_arrival_order_and_the_stage_keeps_serving():
+    recorder = Recorder()
+    executor = build("batch", BrokenChooser, recorder, batch_window_ms=0, max_batch=4)
+    try:
+        for rid in ("a", "b", "c"):
+            executor.submit(Message(rid, "in", {"x": torch.tensor([1])}))
+        assert wait_until(lambda: len(recorder.emitted) == 3)
+        assert sorted(m.request_id for m in recorder.emitted) == ["a", "b", "c"] and not recorder.failed
+    finally:
+        executor.stop()
+
+
 class SlowCache:
     """Batched: keeps a per-request cache written back when ``process`` returns (as a vocoder's
     sent-sample counts are), so a release that ran during the call would be undone."""

@@ -56,9 +56,10 @@ def test_the_stream_closest_to_running_dry_goes_first_and_new_requests_by_their_
     heads = [_tokens(r, NEXT_CHUNK, 2) for r in "cba"] + [_tokens("d", FIRST_CHUNK + LOOKAHEAD, 1)]
     assert abs(worker.clocks.slack("a", 1.2) - 0.4) < 1e-9 and abs(worker.clocks.slack("d", 1.2) + 0.2) < 1e-9
     assert [m.request_id for m in worker.choose(heads)] == ["d", "a", "b", "c"]
-    # tokens that complete no chunk and conditioning cost nothing: they come along, after
+    # tokens that complete no chunk and a new request's conditioning cost nothing: they go first,
+    # so a batch cut at max_batch never leaves a new request out
     cheap = [_tokens("a", 5, 2), _cond("e")]
-    assert [m.request_id for m in worker.choose([*cheap, heads[1]])] == ["b", "a", "e"]
+    assert [m.request_id for m in worker.choose([heads[1], *cheap])] == ["a", "e", "b"]
 
 
 def test_a_stream_past_the_work_budget_waits_unless_it_is_the_first():
