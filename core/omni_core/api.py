@@ -169,6 +169,16 @@ class Omni:
     def stats(self) -> dict[str, Any]:
         return self.pipeline.stats()
 
+    @property
+    def unavailable(self) -> str | None:
+        """Why no request can run now (the Ray cluster of its stages unreachable or lost), else None."""
+        return self.pipeline.unavailable
+
+    @property
+    def lost(self) -> str | None:
+        """Why no request can ever run again (the Ray cluster of its stages lost), else None."""
+        return self.pipeline.lost
+
     # -- voices -----------------------------------------------------------------------------------
 
     def builtin_voices(self) -> list[Voice]:

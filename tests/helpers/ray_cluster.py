@@ -32,11 +32,12 @@ def import_ray():
 
 
 @contextlib.contextmanager
-def two_node_cluster(env: dict[str, str] | None = None):
+def two_node_cluster(env: dict[str, str] | None = None, connect: bool = True):
     """Starts the cluster, connects this process to it, yields the ``Cluster``; stops both after.
     ``env``: variables the nodes start with, and so every actor's process (the nodes of a real
     cluster have the plugins installed; a test's plugin installed with ``--target`` needs its
-    folder on PYTHONPATH)."""
+    folder on PYTHONPATH). ``connect=False``: this process stays out of it (a test that kills the
+    head node: Ray ends every driver of a cluster whose GCS stays away)."""
     ray = import_ray()
     from ray.cluster_utils import Cluster
 
@@ -53,10 +54,12 @@ def two_node_cluster(env: dict[str, str] | None = None):
         finally:
             _restore(saved)
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
+        if connect:
+            ray.init(address=cluster.address, log_to_driver=False)
         yield cluster
     finally:
-        ray.shutdown()
+        if connect:
+            ray.shutdown()
         cluster.shutdown()
 
 

@@ -1,6 +1,7 @@
 """The pipeline layer: stage topologies, the runtime that places and connects stages, request handles."""
 
 from omni_core.pipeline.handle import (
+    ClusterLost,
     DeadlineExceeded,
     OutputEvent,
     RequestFailed,
@@ -14,6 +15,7 @@ from omni_core.pipeline.validation import JOINED_PORT, validate_topology
 from omni_core.scheduler.executor import Message, StageContext
 
 __all__ = [
+    "ClusterLost",
     "JOINED_PORT",
     "DeadlineExceeded",
     "Edge",

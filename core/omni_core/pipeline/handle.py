@@ -45,6 +45,14 @@ class StageUnavailable(RequestFailed):
         self.retry_after = retry_after
 
 
+class ClusterLost(RequestFailed):
+    """The cluster the pipeline's stages were placed on is lost (its head node gone): no request
+    can run until the pipeline is started again on a cluster that is there."""
+
+    def __init__(self, message: str):
+        super().__init__("", message)
+
+
 class EventSource:
     """Blocking iteration and ``collect`` over a ``get(timeout)`` that returns the next event,
     ``None`` at the end."""

@@ -174,7 +174,10 @@ class ProcessStage(Executor):
                 self._pull.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
-        self._zmq.term()
+        if self._monitor is None or not self._monitor.is_alive():
+            self._zmq.term()
+        # else the monitor is still starting a child that may never come (a Ray actor whose cluster
+        # is lost) with its new sockets open, and term() would wait for them: the context is left
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- requests ---------------------------------------------------------------------------------

@@ -5,15 +5,19 @@
 node, creates the placement group (PACK by default) and waits for it, so a deployment gets all
 its stages or fails at start with one line naming what could not be placed. It then knows the
 node of every stage, which decides the transport to it (shared memory only on the runtime's own
-node). ``remove()`` frees the group (and leaves Ray if it connected to it).
+node). ``watch(on_lost)`` follows the cluster's GCS (``ray_watch.GcsWatch``). ``remove()`` frees
+the group (and leaves Ray if it connected to it), unless the cluster is lost: then nothing is left
+to free, and a call to the GCS would wait for Ray's reconnect timeout.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni_core.pipeline.ray_watch import GcsWatch, lost_after_s
 from omni_core.platforms import platform_for
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -31,13 +35,15 @@ class RayOptions:
     ``CPU``, ``GPU``, custom ones) replacing the default (1 CPU, plus 1 GPU on a cuda device);
     ``remote_transport``: the transport to stages on other nodes than the runtime's, used when
     the pipeline's own transport cannot cross hosts; ``place_timeout_s``: how long the group may
-    take to be placed."""
+    take to be placed; ``lost_after_s``: how long the cluster's GCS may stay unreachable before
+    the cluster counts as lost (None: 30 s; at most Ray's own reconnect timeout less 5 s)."""
 
     address: str | None = None
     strategy: str = "PACK"
     resources: dict[str, dict[str, float]] = field(default_factory=dict)
     remote_transport: str = "zmq"
     place_timeout_s: float = PLACE_TIMEOUT_S
+    lost_after_s: float | None = None
 
     def __post_init__(self) -> None:
         self.strategy = self.strategy.upper()
@@ -105,6 +111,8 @@ class RayPlacement:
         self.runtime_node = ""
         self.runtime_address = ""  # the runtime's node address: where stage actors reach it
         self._connected_here = False
+        self.gcs_address = ""
+        self._watch: GcsWatch | None = None
 
     def connect(self) -> None:
         ray = self.ray
@@ -116,6 +124,7 @@ class RayPlacement:
                 raise RayPlacementError(f"cannot connect to the Ray cluster at {where}: {exc}") from None
             self._connected_here = True
         self.runtime_node = ray.get_runtime_context().get_node_id()
+        self.gcs_address = ray.get_runtime_context().gcs_address
         for node in ray.nodes():
             if node["NodeID"] == self.runtime_node:
                 self.runtime_address = node["NodeManagerAddress"]
@@ -193,12 +202,32 @@ class RayPlacement:
             ),
         }
 
+    def watch(self, on_lost) -> None:
+        """Follow the cluster's GCS; ``on_lost(reason)`` once it is lost."""
+        self._watch = GcsWatch(self.gcs_address, lost_after_s(self.options.lost_after_s), on_lost).start()
+
+    def problem(self) -> str | None:
+        """Why the cluster cannot serve now: its GCS unreachable, or lost (None: it can)."""
+        return self._watch.problem() if self._watch is not None else None
+
+    @property
+    def lost(self) -> str | None:
+        return self._watch.lost if self._watch is not None else None
+
     def same_node(self, stage: str) -> bool:
         return self.nodes.get(stage) == self.runtime_node
 
     def remove(self) -> None:
         """Free the placement group; leave Ray if this placement connected to it."""
         ray = self.ray
+        if self._watch is not None:
+            self._watch.stop()
+        if self.lost:
+            # gone with the cluster; Ray's calls, its own ray.shutdown at exit included, would wait
+            # for the GCS until Ray ends the process
+            self.group = None
+            atexit.unregister(ray.shutdown)
+            return
         if self.group is not None and ray.is_initialized():
             try:
                 ray.util.remove_placement_group(self.group)

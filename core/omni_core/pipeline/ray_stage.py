@@ -50,8 +50,17 @@ class StageActor:
 class ActorProcess:
     """The ``multiprocessing.Process`` calls ``ProcessStage`` makes, on a Ray actor."""
 
-    def __init__(self, ray: Any, options: dict[str, Any], args: tuple, name: str, start_timeout_s: float):
+    def __init__(
+        self,
+        ray: Any,
+        options: dict[str, Any],
+        args: tuple,
+        name: str,
+        start_timeout_s: float,
+        lost=lambda: None,
+    ):
         self.ray = ray
+        self.lost = lost  # why the cluster is lost (None: it is not): then no call may wait for its GCS
         self.options = options
         self.args = args
         self.name = name
@@ -107,12 +116,12 @@ class ActorProcess:
         self.kill()
 
     def kill(self) -> None:
-        if self.actor is not None:
+        if self.actor is not None and not self.lost():
             try:
                 self.ray.kill(self.actor, no_restart=True)
             except Exception:  # already gone with its node or the cluster
                 pass
-            self.actor = None
+        self.actor = None
 
 
 class RayStage(ProcessStage):
@@ -150,7 +159,12 @@ class RayStage(ProcessStage):
 
     def _launch(self, args: tuple):
         options = self.placement.scheduling(self.name)
-        return ActorProcess(self.placement.ray, options, args, self.name, self.start_timeout_s)
+        placement = self.placement
+
+        def lost() -> str | None:
+            return placement.lost
+
+        return ActorProcess(placement.ray, options, args, self.name, self.start_timeout_s, lost)
 
     def stats(self) -> dict[str, Any]:
         stats = super().stats()

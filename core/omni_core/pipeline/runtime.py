@@ -17,6 +17,7 @@ from typing import Any
 
 from omni_core.pipeline.deadlines import DeadlineWatch
 from omni_core.pipeline.handle import (
+    ClusterLost,
     DeadlineExceeded,
     OutputEvent,
     RequestFailed,
@@ -199,6 +200,28 @@ class Pipeline:
         self._ray = RayPlacement(self.ray_options or RayOptions())
         stages = {s.name: s.device or self.device for s in self.topology.stages if self.placement[s.name] == "ray"}
         self._ray.place(stages)
+        self._ray.watch(self._cluster_lost)
+
+    def _cluster_lost(self, reason: str) -> None:
+        """The Ray cluster is gone: every running request fails now, naming it (no stage on it can
+        finish or be restarted); ``submit`` refuses new ones."""
+        with self._lock:
+            running = list(self._requests.values())
+            self._requests.clear()
+        for request in running:
+            self._deadlines.discard(request.handle.request_id, request.deadline)
+            request.handle._close(ClusterLost(reason))
+            self._drop(request.handle.request_id, request.plan, abort=True)  # frees what lives on
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why the pipeline cannot serve now (its Ray cluster unreachable or lost); None: it can."""
+        return self._ray.problem() if self._ray is not None else None
+
+    @property
+    def lost(self) -> str | None:
+        """Why the pipeline can never serve again (its Ray cluster lost); None: it can."""
+        return self._ray.lost if self._ray is not None else None
 
     def _off_node(self, stage: str) -> bool:
         return self.placement[stage] == "ray" and not self._ray.same_node(stage)
@@ -291,6 +314,8 @@ class Pipeline:
         ``StageUnavailable`` when it was waiting for a stage process being restarted)."""
         if not self._started or self._closed:
             raise RuntimeError("pipeline is not running: call start() first")
+        if self._ray is not None and self._ray.lost:
+            raise ClusterLost(self._ray.lost)
         if not isinstance(inputs, dict):
             raise TypeError(f"inputs must be a dict, got {type(inputs).__name__}")
         request_id = request_id or uuid.uuid4().hex

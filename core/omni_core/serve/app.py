@@ -6,6 +6,7 @@ builds the runtime in a background thread, then serves the OpenAI-shaped endpoin
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -71,8 +72,20 @@ def create_app(
     config: ServeConfig,
     loader: Callable[[], Any],
     on_load_failed: Callable[[str], None] | None = None,
+    on_fatal: Callable[[str], None] | None = None,
 ) -> FastAPI:
+    """``on_fatal(reason)``: called once when a loaded runtime can serve no more (its Ray cluster
+    lost); the requests it held have failed, new ones get 503, and the command ends the server."""
     state = ServerState(config)
+
+    async def watch_runtime() -> None:
+        while state.fatal_error is None:
+            await asyncio.sleep(0.25)
+            lost = state.omni.lost if state.omni is not None else None
+            if lost:
+                state.fatal_error = lost
+                if on_fatal is not None:
+                    on_fatal(lost)
 
     def load() -> None:
         try:
@@ -89,9 +102,11 @@ def create_app(
         thread.start()
         quiet = QuietStreamCuts()
         logging.getLogger("uvicorn.error").addFilter(quiet)  # here: after uvicorn set its logging up
+        watching = asyncio.ensure_future(watch_runtime())
         try:
             yield
         finally:
+            watching.cancel()
             await state.drain(0.0)
             thread.join(timeout=1)
             if state.omni is not None:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import socket
 import sys
 
@@ -68,7 +69,7 @@ def _run_server(
     server = DrainingServer(config)
     app.state.uvicorn_server = server
     server.run()
-    return 1 if state.load_error else 0
+    return 1 if state.load_error or state.fatal_error else 0
 
 
 def _json_or_text(value: str):
@@ -86,8 +87,9 @@ def _placement_map(items: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
     return (bare[-1] if bare else None), per_stage
 
 
-def _ray_options(address, strategy, stage_resources: dict[str, str]):
-    """The RayOptions of --ray-address, --ray-strategy and --stage-resources (JSON objects)."""
+def _ray_options(address, strategy, stage_resources: dict[str, str], lost_after_s: float | None = None):
+    """The RayOptions of --ray-address, --ray-strategy, --stage-resources (JSON objects) and
+    --ray-lost-after."""
     from omni_core.pipeline.ray_placement import RayOptions
 
     resources = {}
@@ -99,7 +101,7 @@ def _ray_options(address, strategy, stage_resources: dict[str, str]):
         if not isinstance(bundle, dict):
             raise ValueError(f"--stage-resources {stage}= takes a JSON object such as '{{\"CPU\": 1, \"GPU\": 1}}', got {text!r}")
         resources[stage] = bundle
-    return RayOptions(address=address, strategy=strategy, resources=resources)
+    return RayOptions(address=address, strategy=strategy, resources=resources, lost_after_s=lost_after_s)
 
 
 def _stage_map(items: tuple[str, ...], option: str) -> dict[str, str]:
@@ -227,6 +229,9 @@ def _installed(kind: str) -> str:
               help="The Ray cluster for stages placed on ray (default: RAY_ADDRESS, else a cluster on this machine).")
 @click.option("--ray-strategy", type=click.Choice(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"], case_sensitive=False),
               default="PACK", show_default=True, help="How the placement group lays the ray stages over nodes.")
+@click.option("--ray-lost-after", default=30.0, show_default=True, type=_FiniteRange(min=1),
+              help="Seconds the Ray cluster's head (GCS) may stay unreachable before the server fails its "
+                   "requests and exits 1 (at most Ray's gcs_rpc_server_reconnect_timeout_s less 5).")
 @click.option(
     "--stage-resources",
     multiple=True,
@@ -312,6 +317,7 @@ def serve(
     placement,
     ray_address,
     ray_strategy,
+    ray_lost_after,
     stage_resources,
     stage_device,
     family_option,
@@ -349,7 +355,9 @@ def serve(
         stage_devices = _stage_map(stage_device, "--stage-device")
         resources_map = _stage_map(stage_resources, "--stage-resources")
         on_ray = stage_mode == "ray" or "ray" in placement_map.values()
-        ray_options = _ray_options(ray_address, ray_strategy, resources_map) if on_ray else None
+        ray_options = (
+            _ray_options(ray_address, ray_strategy, resources_map, ray_lost_after) if on_ray else None
+        )
         family_options = {key: _json_or_text(value) for key, value in _stage_map(family_option, "--option").items()}
     except ValueError as exc:
         click.echo(f"omni serve: {exc}", err=True)
@@ -395,6 +403,9 @@ def serve(
     if on_ray:
         from omni_core.pipeline.ray_placement import RayPlacementError, import_ray
 
+        # Ray's driver installs a crash handler that prints a native stack dump on every SIGTERM
+        # (read as a crash) before the server's own orderly shutdown: off in this process, unless set
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
         try:
             import_ray()
         except RayPlacementError as exc:
@@ -447,7 +458,13 @@ def serve(
         if server is not None:
             server.should_exit = True
 
-    app = create_app(config, load, on_load_failed=load_failed)
+    def serving_ended(reason: str) -> None:
+        click.echo(f"omni serve: {reason}; exiting", err=True)
+        server = getattr(app.state, "uvicorn_server", None)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(config, load, on_load_failed=load_failed, on_fatal=serving_ended)
     code = _run_server(app, app.state.omni_state, host, port, log_level, drain_seconds, receive_timeout, max_connections)
     from omni_core.pipeline.process_exit import exit_without_finalizing
 

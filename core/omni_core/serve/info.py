@@ -53,8 +53,8 @@ async def health(request: Request):
     state = request.app.state.omni_state
     status = state.status
     body = {"status": status, "running": state.admission.running, "queued": state.admission.queued}
-    if state.load_error:
-        body["error"] = state.load_error
+    if state.error:
+        body["error"] = state.error
     return JSONResponse(body, status_code=200 if status == "ready" else 503)
 
 

@@ -71,10 +71,13 @@ BODIES = {
         "type": "object",
         "required": ["status", "running", "queued"],
         "properties": {
-            "status": {"type": "string", "enum": ["ready", "loading", "draining", "failed"]},
+            "status": {"type": "string", "enum": ["ready", "loading", "draining", "unavailable", "failed"]},
             "running": {"type": "integer"},
             "queued": {"type": "integer"},
-            "error": {"type": "string", "description": "why loading failed"},
+            "error": {
+                "type": "string",
+                "description": "why the server is not ready: loading failed, or its Ray cluster unreachable or lost",
+            },
         },
     },
     "Model": {

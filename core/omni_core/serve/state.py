@@ -15,7 +15,7 @@ from omni_core.serve.admission import Admission, draining_error
 from omni_core.serve.deadline import HEADER, deadline_exceeded, request_timeout
 from omni_core.serve.errors import APIError, unknown_model
 from omni_core.serve.metrics import ServerMetrics
-from omni_core.serve.streaming import ClientGone, unless_client_leaves
+from omni_core.serve.streaming import ClientGone, cluster_lost, unless_client_leaves
 from omni_core.surface.inputs import Limits
 
 
@@ -72,6 +72,7 @@ class ServerState:
         self.config = config
         self.omni: Any = None
         self.load_error: str | None = None
+        self.fatal_error: str | None = None  # why a server that served can serve no more (it exits)
         self.created = int(time.time())
         self.admission = Admission(config.max_running, config.max_queued)
         self.metrics = ServerMetrics(self.admission, self._runtime_stats)
@@ -84,9 +85,17 @@ class ServerState:
     def status(self) -> str:
         if self.admission.draining:
             return "draining"
-        if self.load_error:
+        if self.load_error or self.fatal_error:
             return "failed"
+        if self.omni is not None and self.omni.unavailable:
+            return "unavailable"
         return "ready" if self.omni is not None else "loading"
+
+    @property
+    def error(self) -> str | None:
+        """Why the server is not ready, when something failed (/health shows it)."""
+        problem = self.omni.unavailable if self.omni is not None else None
+        return self.load_error or self.fatal_error or problem
 
     def check_model(self, name: str | None) -> None:
         if not name:
@@ -104,6 +113,13 @@ class ServerState:
                 else "the model is still loading"
             )
             raise APIError(503, message, type="server_error", code="not_ready", headers={"Retry-After": "5"})
+        if self.omni.lost:
+            raise cluster_lost(self.omni.lost)
+        problem = self.omni.unavailable
+        if problem:  # its cluster may come back (a fault-tolerant GCS restarted)
+            raise APIError(
+                503, problem, type="server_error", code="cluster_unreachable", headers={"Retry-After": "5"}
+            )
         return self.omni
 
     async def admit(self, endpoint: str, request: Request) -> Slot:

@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from omni_core.pipeline import DeadlineExceeded, OutputEvent, RequestFailed, StageUnavailable
+from omni_core.pipeline import ClusterLost, DeadlineExceeded, OutputEvent, RequestFailed, StageUnavailable
 from omni_core.serve.deadline import deadline_exceeded
 from omni_core.serve.errors import APIError, StreamCut
 
@@ -28,9 +28,15 @@ class ClientGone(Exception):
     """The client disconnected before the reply was ready; the request was aborted."""
 
 
+def cluster_lost(reason: str) -> APIError:
+    return APIError(503, reason, type="server_error", code="cluster_lost")
+
+
 def stage_failure(exc: RequestFailed) -> APIError:
     if isinstance(exc, DeadlineExceeded):
         return deadline_exceeded()
+    if isinstance(exc, ClusterLost):  # the server ends: a client retries on another one
+        return cluster_lost(exc.message)
     if isinstance(exc, StageUnavailable):  # its process died: the same request succeeds once it is back
         seconds = max(1, math.ceil(exc.retry_after))
         return APIError(
