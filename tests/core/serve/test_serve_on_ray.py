@@ -1,7 +1,8 @@
 """`omni serve --placement ray` on a real local two-node Ray cluster (both nodes on 127.0.0.1):
 the cosyvoice3 and whisper tiny presets with their stages spread over both nodes answer what the
 same server answers with every stage in process, for the same seed; after SIGTERM no actor,
-placement group or shared memory of the server is left. Skipped where Ray is not installed."""
+placement group or shared memory of the server is left, and its output holds no traceback or stack
+dump. Skipped where Ray is not installed."""
 
 from __future__ import annotations
 
@@ -114,6 +115,9 @@ def actors_on_nodes() -> dict[int, str]:
 
 def stop_and_check_nothing_left(server: OmniServer, actor_pids: list[int]) -> None:
     assert server.stop() == 0, server.log()  # SIGTERM
+    # an orderly shutdown: no Python traceback, no native stack dump (Ray's crash handler's)
+    log = server.log_path.read_text()
+    assert "Traceback" not in log and "SIGTERM received" not in log, log
     owners = [server.process.pid, *actor_pids]
     segments = [p for pid in owners for p in glob.glob(f"/dev/shm/omni-*-{pid}-*")]
     assert settled(lambda: live_actors() + live_placement_groups()) == [] and segments == []
