@@ -1,7 +1,9 @@
 """A WebSocket holds an admission slot while it is open: a handshake whose client left while it
-waited in the admission queue gives its slot back when it is admitted (its accept fails), and a
-client that closes its socket ends it without an error in the server's log. Against a real
-`omni serve` with one running slot, so a slot that leaked would refuse every later socket."""
+waited in the admission queue gives its slot back when it is admitted (its accept fails), a
+client that closes its socket ends it without an error in the server's log, and a realtime
+socket whose session cannot be made (server VAD's model fails to load) is told why, closed and
+gives its slot back. Against a real `omni serve` with one running slot, so a slot that leaked
+would refuse every later socket."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import socket
 import time
 
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.core.serve.server import API_KEY, ServerProcess, metric
+from tests.helpers.server import OmniServer
 
 ENDPOINT = "/v1/audio/speech/stream"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -62,4 +66,44 @@ def test_a_handshake_whose_client_left_in_the_queue_gives_its_slot_back(server):
         ws.send(json.dumps({"type": "config", "model": "testfamily", "voice": "alloy"}))
         assert json.loads(ws.recv(timeout=30))["type"] == "ready"
     assert _until(lambda: metric(server.url, "omni_running_requests") == 0)
+    assert "Exception in ASGI application" not in server.log()
+
+
+@pytest.fixture(scope="module")
+def broken_vad_server(testfamily_site, tmp_path_factory):
+    """One running slot, and a silero-vad whose model file is damaged: onnxruntime fails to load
+    it (not the missing extra, which turns server VAD off) when a realtime session is made."""
+    pytest.importorskip("onnxruntime")
+    workdir = tmp_path_factory.mktemp("broken-vad")
+    data = workdir / "site" / "silero_vad" / "data"
+    data.mkdir(parents=True)
+    (data.parent / "__init__.py").write_text("")
+    (data / "__init__.py").write_text("")
+    (data / "silero_vad.onnx").write_bytes(b"not an onnx model")
+    proc = OmniServer(
+        "testfamily", workdir, "--preset", "tiny", "--api-key", API_KEY, "--max-running", "1",
+        site=(workdir / "site", testfamily_site), OMNI_PLUGINS="testfamily", OMNI_TESTFAMILY_STEP_MS="0",
+    )
+    try:
+        yield proc.wait_ready(90)
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
+def test_a_realtime_socket_whose_session_cannot_be_made_gives_its_slot_back(broken_vad_server):
+    server = broken_vad_server
+    url = server.url.replace("http://", "ws://") + "/v1/realtime?model=testfamily"
+    for _ in range(2):  # a leaked slot would keep the second out
+        with connect(url, additional_headers=HEADERS, open_timeout=10) as ws:
+            event = json.loads(ws.recv(timeout=30))
+            assert event["type"] == "error" and event["error"]["code"] == "server_error", event
+            assert "INVALID_PROTOBUF" in event["error"]["message"]
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+            assert closed.value.rcvd.code == 1011
+        assert _until(lambda: metric(server.url, "omni_running_requests") == 0), server.log()
+    url = server.url.replace("http://", "ws://") + ENDPOINT
+    with connect(url, additional_headers=HEADERS) as ws:  # the one slot serves the next socket
+        ws.send(json.dumps({"type": "config", "model": "testfamily", "voice": "alloy"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
     assert "Exception in ASGI application" not in server.log()

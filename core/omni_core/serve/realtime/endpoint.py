@@ -6,6 +6,8 @@ chat) speech sessions, one that only transcribes transcription sessions. ``?inte
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, WebSocket
 
 from omni_core.serve.errors import APIError, unknown_model
@@ -13,7 +15,7 @@ from omni_core.serve.realtime import vad
 from omni_core.serve.realtime.conversation_session import ConversationSession
 from omni_core.serve.realtime.realtime_config import CONVERSATION, SPEECH, RealtimeConfig
 from omni_core.serve.realtime.session_config import SessionConfig
-from omni_core.serve.realtime.sockets import Socket, run_until_closed
+from omni_core.serve.realtime.sockets import Socket, SocketClosed, error_event_of, run_until_closed
 from omni_core.serve.realtime.speech_session import SpeechSession
 from omni_core.serve.realtime.transcription_session import TranscriptionSession
 from omni_core.serve.realtime.turns import ServerVad
@@ -21,6 +23,7 @@ from omni_core.serve.realtime.turns import ServerVad
 router = APIRouter()
 ENDPOINT = "/v1/realtime"
 TRANSCRIPTION = "transcription"
+log = logging.getLogger("omni.serve")
 
 
 def session_kind(tasks, intent: str | None) -> str | None:
@@ -84,5 +87,14 @@ async def realtime(websocket: WebSocket):
     socket = Socket(websocket, state, ENDPOINT)
     if not await socket.open(_handshake_check(state, websocket.query_params.get("model"), intent)):
         return
-    session = _session(socket, intent)
+    try:
+        session = _session(socket, intent)
+    except Exception as error:  # a drain begun since the handshake, a VAD model that fails to load
+        log.warning("%s: no session could be made: %r", ENDPOINT, error)
+        try:
+            await socket.send(error_event_of(error))
+        except SocketClosed:
+            pass
+        await socket.close(1011, "no session could be made")  # its slot goes back
+        return
     await run_until_closed(socket, ENDPOINT, session.receive(), session.work())
