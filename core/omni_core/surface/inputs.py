@@ -75,9 +75,13 @@ def check_optional_text(text: str | None, limits: Limits, param: str) -> str | N
     return text
 
 
+def chat_text_chars(limits: Limits) -> int:
+    """The most chat text, a message's and all of a request's: 8 times a speech input."""
+    return limits.max_input_chars * 8
+
+
 def _chat_text_limits(limits: Limits) -> Limits:
-    """Chat text, a message's and all of a request's, may run to 8 times a speech input."""
-    return Limits(max_input_chars=limits.max_input_chars * 8)
+    return Limits(max_input_chars=chat_text_chars(limits))
 
 
 def _tensor(samples: np.ndarray) -> torch.Tensor:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import soxr
 
+from omni_core.serve.errors import APIError
 from omni_core.serve.realtime.input_audio import decode_pcm16
 from omni_core.serve.realtime.session_config import as_object, refuse
 from omni_core.serve.realtime.sockets import new_id
@@ -53,8 +54,9 @@ def audio_part(samples: np.ndarray) -> dict:
     return {"type": "audio", "audio": samples, "sample_rate": RATE}
 
 
-def read_item(value, param: str, input_rate: int, limits) -> Item:
-    """An item of the client's, checked (``APIError`` naming the field that is wrong)."""
+def read_item(value, param: str, input_rate: int, limits, max_chars: int) -> Item:
+    """An item of the client's, checked (``APIError`` naming the field that is wrong), with at
+    most ``max_chars`` characters of text (a transcript given with its audio included)."""
     item = as_object(value, param)
     if item.get("type", "message") != "message":
         kind = item.get("type")
@@ -98,11 +100,22 @@ def read_item(value, param: str, input_rate: int, limits) -> Item:
                 raise refuse(f"{where}.audio: at most {limits.max_audio_seconds:g} s of audio",
                              f"{where}.audio")
             out.parts.append(audio_part(samples))
-            out.described.append({"type": kind, "transcript": part.get("transcript")})
+            transcript = part.get("transcript")
+            if transcript is not None and not isinstance(transcript, str):
+                raise refuse(f"{where}.transcript must be a string", f"{where}.transcript")
+            out.described.append({"type": kind, "transcript": transcript})
         else:  # input_image
             url = part.get("image_url")
             if not isinstance(url, str):
                 raise refuse(f"{where}.image_url must be a data URL", f"{where}.image_url")
+            detail = part.get("detail", "auto")
+            if detail not in ("auto", "low", "high"):
+                raise refuse(f"{where}.detail must be auto, low or high", f"{where}.detail")
             out.parts.append({"type": "image_url", "image_url": {"url": url}})
-            out.described.append({"type": kind, "detail": part.get("detail", "auto")})
+            out.described.append({"type": kind, "detail": detail})
+    chars = len(out.text) + sum(len(part.get("transcript") or "") for part in out.described
+                                if part["type"] == "input_audio")
+    if chars > max_chars:
+        raise APIError(413, f"{param} holds {chars} characters of text; the limit is {max_chars}",
+                       param=param, code="too_large")
     return out

@@ -20,11 +20,13 @@ from omni_core.serve.realtime.conversation_items import Item, audio_part, read_i
 from omni_core.serve.realtime.responding import RespondingSession
 from omni_core.serve.realtime.responses import CANCELLED_BY_TURN, Response
 from omni_core.serve.realtime.session_config import refuse
+from omni_core.surface.inputs import chat_text_chars
 
 ROOT = "root"  # OpenAI's previous_item_id for "at the start"
 # What the conversation keeps (older items are forgotten, oldest first, as OpenAI's truncation
 # drops them): spoken turns are the costly part of a prompt, and families bound the audio parts
-# a request may hold; a text conversation is bounded by its number of items.
+# a request may hold; a text conversation is bounded by its number of items and by the text a
+# chat request may hold (``chat_text_chars``, the instructions included).
 KEPT_AUDIO_TURNS = 4
 KEPT_ITEMS = 256
 
@@ -46,15 +48,20 @@ class ConversationSession(RespondingSession):
         if self.audio.detector is None:
             AudioInput.check_vad(config)
         self.audio.configure(config)
+        self._forget_old(config)
 
     # -- the conversation ------------------------------------------------------------------------
 
-    def _forget_old(self) -> None:
-        """Keeps the newest items holding at most ``KEPT_AUDIO_TURNS`` spoken parts."""
-        audio_parts, keep = 0, 0
+    def _forget_old(self, config=None) -> None:
+        """Keeps the newest items holding at most ``KEPT_AUDIO_TURNS`` spoken parts and, with the
+        session's instructions, the text a chat request may hold; the newest is always kept."""
+        instructions = (config or self.config).instructions or ""
+        room = chat_text_chars(self.state.config.limits) - len(instructions)
+        audio_parts, chars, keep = 0, 0, 0
         for item in reversed(self.items[-KEPT_ITEMS:]):
             audio_parts += sum(part["type"] == "audio" for part in item.parts)
-            if audio_parts > KEPT_AUDIO_TURNS:
+            chars += len(item.text)
+            if keep and (audio_parts > KEPT_AUDIO_TURNS or chars > room):
                 break
             keep += 1
         if keep < len(self.items):
@@ -84,7 +91,11 @@ class ConversationSession(RespondingSession):
         after = event.get("previous_item_id")
         if after is not None and not isinstance(after, str):
             raise refuse("previous_item_id must be an item id or \"root\"", "previous_item_id")
-        item = read_item(event.get("item"), "item", self.config.rate, self.state.config.limits)
+        limits = self.state.config.limits
+        item = read_item(event.get("item"), "item", self.config.rate, limits, chat_text_chars(limits))
+        if sum(part["type"] == "audio" for part in item.parts) > KEPT_AUDIO_TURNS:
+            raise refuse(f"item.content: at most {KEPT_AUDIO_TURNS} input_audio parts an item "
+                         "(the conversation keeps no more)", "item.content")
         previous = self._add(item, after)
         await self.send("conversation.item.added", previous_item_id=previous, item=item.describe())
         await self.send("conversation.item.done", previous_item_id=previous, item=item.describe())
@@ -124,7 +135,8 @@ class ConversationSession(RespondingSession):
                     raise refuse(f"{where}.id {value.get('id')!r} is not in the conversation", f"{where}.id")
                 items.append(found[0])
             else:
-                items.append(read_item(value, where, self.config.rate, self.state.config.limits))
+                limits = self.state.config.limits
+                items.append(read_item(value, where, self.config.rate, limits, chat_text_chars(limits)))
         return items
 
     async def started(self, response: Response, items: list[Item] | None) -> None:
@@ -148,3 +160,9 @@ class ConversationSession(RespondingSession):
             self.items.append(Item(response.item_id, "assistant", [{"type": "text", "text": response.text}],
                                    described, "completed" if status == "completed" else "incomplete"))
             self._forget_old()
+            return
+        # no words, no item: the next items follow the one the response followed
+        if self.previous_item == response.item_id:
+            self.previous_item = response.previous_item
+        if self.audio.previous_item == response.item_id:
+            self.audio.previous_item = response.previous_item

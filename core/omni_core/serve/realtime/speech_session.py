@@ -29,7 +29,8 @@ class SpeechSession(RespondingSession):
         return {**super().handlers(), "conversation.item.create": self._item_create}
 
     def _text_of(self, event_item, param: str) -> tuple[Item, str]:
-        item = read_item(event_item, param, self.config.rate, self.state.config.limits)
+        limits = self.state.config.limits
+        item = read_item(event_item, param, self.config.rate, limits, limits.max_input_chars)
         if any(part["type"] != "text" for part in item.parts):
             param = f"{param}.content"
             raise refuse(f"{param}: a speech session speaks text: send input_text parts", param)
@@ -41,6 +42,8 @@ class SpeechSession(RespondingSession):
                          "or left out", "previous_item_id")
         item, text = self._text_of(event.get("item"), "item")
         if item.role == "user" and text.strip():
+            self._check_length(_spoken([*self.unspoken, text]), "item",
+                               ": have what was added spoken (response.create) first")
             self.unspoken.append(text)
         described = item.describe()
         await self.send("conversation.item.added", previous_item_id=self.previous_item, item=described)
@@ -56,8 +59,8 @@ class SpeechSession(RespondingSession):
                 raise refuse("response.input must be a list of items", "response.input")
             texts = [self._text_of(item, f"response.input[{i}]")[1] for i, item in enumerate(params["input"])]
         else:
-            texts, self.unspoken = self.unspoken, []
-        text = " ".join(t.strip() for t in texts if t.strip())
+            texts = self.unspoken
+        text = _spoken(texts)
         if not text:
             raise APIError(
                 400,
@@ -65,11 +68,16 @@ class SpeechSession(RespondingSession):
                 param="response.input",
                 code="empty_input",
             )
+        self._check_length(text, "response.input")
+        if params.get("input") is None:
+            self.unspoken = []  # a refused response.create keeps them
+        return text
+
+    def _check_length(self, text: str, param: str, hint: str = "") -> None:
         limit = self.state.config.limits.max_input_chars
         if len(text) > limit:
-            raise APIError(413, f"{len(text)} characters to speak; the limit is {limit}",
-                           param="response.input", code="too_large")
-        return text
+            raise APIError(413, f"{len(text)} characters to speak; the limit is {limit}{hint}",
+                           param=param, code="too_large")
 
     async def started(self, response: Response, text: str) -> None:
         await response.text_delta(text)  # what is spoken is the audio's transcript
@@ -78,3 +86,8 @@ class SpeechSession(RespondingSession):
         return omni.speech_inputs(
             text, response.voice, instructions=response.instructions, speed=self.config.speed
         )
+
+
+def _spoken(texts: list[str]) -> str:
+    """What a response speaks of the messages' ``texts``."""
+    return " ".join(t.strip() for t in texts if t.strip())
