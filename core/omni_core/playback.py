@@ -20,6 +20,24 @@ class PlaybackBuffer:
         self.stalled = 0.0  # seconds the player waited once playback had started
         self.lowest: float | None = None  # least audio left when later audio arrived (< 0: a stall)
         self.seconds = 0.0
+        self.held = 0.0  # audio produced but not sent yet (an encoder holding a page back)
+
+    @classmethod
+    def of(cls, chunks: Sequence[tuple[float, float]]) -> PlaybackBuffer:
+        """The buffer after ``(arrival, seconds)`` chunks in arrival order."""
+        buffer = cls()
+        for arrival, seconds in chunks:
+            buffer.add(arrival, seconds)
+        return buffer
+
+    def hold(self, seconds: float) -> None:
+        """Audio made but not sent yet: it reaches the listener with the next ``send``."""
+        self.held += seconds
+
+    def send(self, arrival: float) -> None:
+        """What was held reaches the listener at ``arrival``."""
+        self.add(arrival, self.held)
+        self.held = 0.0
 
     def add(self, arrival: float, seconds: float) -> None:
         if seconds <= 0:
@@ -44,7 +62,4 @@ class PlaybackBuffer:
 def playback_underrun(chunks: Sequence[tuple[float, float]]) -> float:
     """Seconds a real-time player would have waited for audio once playback started, for
     ``(arrival, seconds)`` chunks in arrival order."""
-    buffer = PlaybackBuffer()
-    for arrival, seconds in chunks:
-        buffer.add(arrival, seconds)
-    return buffer.stalled
+    return PlaybackBuffer.of(chunks).stalled

@@ -12,7 +12,8 @@ from omni_core.bench.dataset import load_items
 from omni_core.bench.endpoints import RequestOptions, RequestSender, probe_sample_rate
 from omni_core.bench.load import LoadPlan, run_level
 from omni_core.bench.records import RequestRecord
-from omni_core.bench.summary import LevelSummary, playback_underrun, summarize
+from omni_core.bench.summary import LevelSummary, summarize
+from omni_core.playback import playback_underrun
 
 
 class BenchError(RuntimeError):

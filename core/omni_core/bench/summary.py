@@ -10,7 +10,7 @@ import jiwer
 import numpy as np
 
 from omni_core.bench.records import RequestRecord
-from omni_core.playback import PlaybackBuffer, playback_underrun
+from omni_core.playback import PlaybackBuffer
 
 PERCENTILES = (50, 95, 99)
 
@@ -82,10 +82,11 @@ def summarize(
         if seconds > 0:
             rtfs.append(r.latency / seconds)
     streamed = [r for r in ok if r.chunks]
-    underruns = [playback_underrun(r.chunks) for r in streamed]
+    played = [PlaybackBuffer.of(r.chunks) for r in streamed]
+    underruns = [buffer.stalled for buffer in played]
     underrun = percentiles(underruns)
     underrun["total"] = float(sum(underruns)) if underruns else None
-    lowest = [low for low in (_lowest_buffer(r.chunks) for r in streamed) if low is not None]
+    lowest = [buffer.lowest for buffer in played if buffer.lowest is not None]
     wall = max(duration_s, 1e-9)
     scored = [r for r in ok if r.reference_text]
     return LevelSummary(
@@ -109,13 +110,6 @@ def summarize(
         min_buffer_s=percentiles(lowest, (1, 5, 50)),
         wer=word_error_rate([r.reference_text for r in scored], [r.output_text for r in scored]),
     )
-
-
-def _lowest_buffer(chunks) -> float | None:
-    buffer = PlaybackBuffer()
-    for arrival, seconds in chunks:
-        buffer.add(arrival, seconds)
-    return buffer.lowest
 
 
 def _ms(seconds: dict[str, float | None]) -> dict[str, float | None]:

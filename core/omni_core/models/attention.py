@@ -102,7 +102,7 @@ class SdpaBackend:
                 meta.cache["native_prefill"] = max(meta.host_context_lens)  # CPU prefill by default: the C kernel reading the paged cache
             elif self.per_sequence is None and not on_host and len(meta.host_query_lens) > 1:
                 # several prompts on an accelerator: one varlen kernel a layer, not one call a prompt
-                meta.cache["varlen"] = varlen_prefill.plan(meta.block_tables, meta.block_size, meta.host_query_lens, meta.host_context_lens)
+                meta.cache["varlen"] = varlen_prefill.plan(meta)
             else:
                 meta.cache["seq_slots"] = self._sequence_slots(meta)
             return

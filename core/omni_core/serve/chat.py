@@ -115,7 +115,6 @@ async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, 
     final: dict = {}
     first_audio_at = None
     playback = PlaybackBuffer()
-    held = 0  # samples fed to the encoder and not yet sent
 
     yield _chunk(reply, {"role": "assistant", "content": ""})
     try:
@@ -133,17 +132,16 @@ async def _stream(state, slot, reply, first, rest, wants_audio: bool, fmt: str, 
                     yield _chunk(reply, delta)
             elif event.name == "audio" and encoder is not None and "audio" in payload:
                 audio = to_numpy(payload["audio"])
-                held += len(audio)  # an encoder may hold audio back (opus pages): it plays when sent
+                playback.hold(len(audio) / rate)  # an encoder may hold it back (opus pages)
                 data = encoder.feed(audio)
                 if data:
                     first_audio_at = first_audio_at or time.perf_counter()
-                    playback.add(time.perf_counter(), held / rate)
-                    held = 0
+                    playback.send(time.perf_counter())
                     yield _chunk(reply, {"audio": {"id": audio_id, "data": base64.b64encode(data).decode()}})
         if encoder is not None:
             tail = encoder.close()
             if tail:
-                playback.add(time.perf_counter(), held / rate)
+                playback.send(time.perf_counter())
                 yield _chunk(reply, {"audio": {"id": audio_id, "data": base64.b64encode(tail).decode()}})
     except (RequestFailed, RequestAborted) as exc:
         yield sse({"error": error_event(exc)["error"]})

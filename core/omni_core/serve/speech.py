@@ -130,7 +130,6 @@ async def _encoded(state, slot, first, rest, fmt: str, rate: int):
     first_audio_at = None
     usage: dict = {}
     playback = PlaybackBuffer()
-    held = 0  # samples fed to the encoder and not yet sent
     try:
         async for event in all_events(first, rest, slot.handle):
             if event.name != "audio":
@@ -140,18 +139,17 @@ async def _encoded(state, slot, first, rest, fmt: str, rate: int):
                 continue
             audio = to_numpy(event.payload["audio"])
             samples += len(audio)
-            held += len(audio)  # an encoder may hold audio back (opus pages): it plays when sent
+            playback.hold(len(audio) / rate)  # an encoder may hold it back (opus pages)
             data = encoder.feed(audio)
             if data:
                 if first_audio_at is None:
                     first_audio_at = time.perf_counter()
-                playback.add(time.perf_counter(), held / rate)
-                held = 0
+                playback.send(time.perf_counter())
                 yield data, usage
         tail = encoder.close()
         if tail:
             first_audio_at = first_audio_at or time.perf_counter()
-            playback.add(time.perf_counter(), held / rate)
+            playback.send(time.perf_counter())
         yield tail, usage
         _observe(state, slot.started, first_audio_at, samples / rate)
         state.metrics.observe_playback(ENDPOINT, playback)

@@ -56,7 +56,6 @@ def by_deadline(clocks: StreamClocks, heads, frames_of, fits) -> list:
     now = clocks.clock()
     free, due = [], []
     for message in heads:
-        clocks.seen(message.request_id, now)
         frames = frames_of(message)
         (free if frames is None else due).append((message, frames))
     due.sort(key=lambda item: clocks.slack(item[0].request_id, now))
@@ -78,10 +77,13 @@ def _graph_fit(model) -> Callable[[int, int], bool]:
 
 
 class _ByDeadline:
-    """What both workers add: the clocks fed as audio leaves, ``choose`` by slack, and their
-    release. The worker class supplies ``_audio_seconds(payload)`` and ``_frames_after(message)``."""
+    """What both workers add: the clocks (first seen as a message is processed, fed as audio
+    leaves), ``choose`` by slack, and their release. The worker class supplies
+    ``_audio_seconds(payload)`` and ``_frames_after(message)``."""
 
-    clocks: StreamClocks
+    def __init__(self, *args, clock: Callable[[], float] = time.monotonic, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clocks = StreamClocks(clock)
 
     def process(self, messages, emit) -> None:
         now = self.clocks.clock()
@@ -108,10 +110,9 @@ class _ByDeadline:
 class DeadlineFlowWorker(_ByDeadline, FlowWorker):
     """The flow worker, serving due chunks by slack; ``mel_seconds``: audio seconds a mel frame."""
 
-    def __init__(self, *args, mel_seconds: float, clock: Callable[[], float] = time.monotonic, **kwargs):
+    def __init__(self, *args, mel_seconds: float, **kwargs):
         super().__init__(*args, **kwargs)
         self.mel_seconds = mel_seconds
-        self.clocks = StreamClocks(clock)
 
     def _audio_seconds(self, payload) -> float:
         mel = payload.get("mel")
@@ -133,10 +134,9 @@ class DeadlineFlowWorker(_ByDeadline, FlowWorker):
 class DeadlineHiftWorker(_ByDeadline, HiftWorker):
     """The HiFT worker, vocoding by slack; ``sample_rate`` of its audio."""
 
-    def __init__(self, *args, sample_rate: int, clock: Callable[[], float] = time.monotonic, **kwargs):
+    def __init__(self, *args, sample_rate: int, **kwargs):
         super().__init__(*args, **kwargs)
         self.sample_rate = sample_rate
-        self.clocks = StreamClocks(clock)
 
     def _audio_seconds(self, payload) -> float:
         audio = payload.get("audio")

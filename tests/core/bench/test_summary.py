@@ -1,7 +1,7 @@
 import pytest
 from omni_core.bench.records import RequestRecord
-from omni_core.bench.summary import percentiles, playback_underrun, summarize, word_error_rate
-from omni_core.playback import PlaybackBuffer
+from omni_core.bench.summary import percentiles, summarize, word_error_rate
+from omni_core.playback import PlaybackBuffer, playback_underrun
 
 
 def test_percentiles_interpolate_linearly():
@@ -34,6 +34,11 @@ def test_buffer_margin_counts_down_and_records_the_lowest_point():
     buffer.add(4.0, 1.0)  # 0.5 s late: stalls, then plays 4.0 .. 5.0
     assert (buffer.lowest, buffer.stalled, buffer.seconds) == (pytest.approx(-0.5), pytest.approx(0.5), 3.5)
     assert buffer.margin(4.5) == pytest.approx(0.5)
+    # audio an encoder held back plays from when it is sent, all of it
+    buffer.hold(0.25)
+    buffer.hold(0.25)
+    buffer.send(4.6)
+    assert (buffer.seconds, buffer.held, buffer.margin(4.6)) == (4.0, 0.0, pytest.approx(0.9))
 
 
 def _ok(start, first, end, chunks=(), input_seconds=0.0):

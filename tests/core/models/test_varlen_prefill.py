@@ -36,7 +36,7 @@ def test_plan_packs_each_sequences_slots_in_order():
     g = torch.Generator().manual_seed(0)
     context_lens, query_lens, block_size = [5, 40, 17], [5, 3, 17], 8
     tables, _, _ = scattered_cache(context_lens, 2, 8, block_size, g)
-    planned = varlen_prefill.plan(tables, block_size, query_lens, context_lens)
+    planned = varlen_prefill.plan(_metadata(tables, context_lens, query_lens, block_size, "cpu"))
     expected = torch.cat(
         [tables[b, torch.arange(n) // block_size] * block_size + torch.arange(n) % block_size for b, n in enumerate(context_lens)]
     )
@@ -63,7 +63,7 @@ def test_varlen_equals_sdpa_per_sequence(context_lens, query_lens, heads, kv_hea
     cuda = {"device": "cuda", "dtype": torch.bfloat16}
     q, k_cache, v_cache = q.to(**cuda), k_cache.to(**cuda), v_cache.to(**cuda)
     assert varlen_prefill.supports(q, k_cache)
-    planned = varlen_prefill.plan(tables.cuda(), block_size, query_lens, context_lens)
+    planned = varlen_prefill.plan(_metadata(tables, context_lens, query_lens, block_size, "cuda"))
     got = varlen_prefill.attend(q, k_cache, v_cache, planned, dim**-0.5)
     torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=2e-2)
 

@@ -47,40 +47,26 @@ def supports(q: torch.Tensor, cache: torch.Tensor) -> bool:
     )
 
 
-def plan(block_tables: torch.Tensor, block_size: int, query_lens: list[int], context_lens: list[int]) -> dict:
-    """Index tensors shared by every layer of the step: cumulative query and key offsets and the
-    cache slot of each packed key (sequence after sequence, positions 0..context-1)."""
-    device = block_tables.device
-    total_k = sum(context_lens)
-    n = len(context_lens)
-    # every integer the step needs goes over in one copy
-    host = torch.tensor([[*context_lens, 0], *_offsets(query_lens, context_lens)], dtype=torch.int64)
-    ints = _to(host, device)
-    contexts, cu_q, cu_k = ints[0, :n], ints[1].to(torch.int32), ints[2].to(torch.int32)
-    seq = torch.repeat_interleave(torch.arange(n, device=device), contexts, output_size=total_k)
-    pos = torch.arange(total_k, device=device) - cu_k.long()[seq]
-    slots = block_tables[seq, pos // block_size] * block_size + pos % block_size
-    return {"slots": slots, "cu_q": cu_q, "cu_k": cu_k, "max_q": max(query_lens), "max_k": max(context_lens)}
+def plan(meta) -> dict:
+    """Index tensors shared by every layer of the step (``meta``: its AttentionMetadata), made on
+    the device from the lengths the step already moved there: cumulative query and key offsets and
+    the cache slot of each packed key (sequence after sequence, positions 0..context-1)."""
+    contexts, device = meta.context_lens, meta.block_tables.device
+    total_k = sum(meta.host_context_lens)
+    zero = contexts.new_zeros(1)
+    ends_k = torch.cat([zero, torch.cumsum(contexts, 0)])
+    rows = torch.arange(len(contexts), device=device)
+    seq = torch.repeat_interleave(rows, contexts, output_size=total_k)
+    pos = torch.arange(total_k, device=device) - ends_k[seq]
+    slots = meta.block_tables[seq, pos // meta.block_size] * meta.block_size + pos % meta.block_size
+    cu_q = torch.cat([zero, torch.cumsum(meta.query_lens, 0)]).to(torch.int32)
+    return {
+        "slots": slots, "cu_q": cu_q, "cu_k": ends_k.to(torch.int32),
+        "max_q": meta.max_query_len, "max_k": max(meta.host_context_lens),
+    }  # fmt: skip
 
 
-def _offsets(query_lens: list[int], context_lens: list[int]) -> list[list[int]]:
-    """Cumulative query and key offsets, n + 1 each."""
-    cu_q, cu_k = [0], [0]
-    for q, k in zip(query_lens, context_lens, strict=True):
-        cu_q.append(cu_q[-1] + q)
-        cu_k.append(cu_k[-1] + k)
-    return [cu_q, cu_k]
-
-
-def _to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Through pinned memory without waiting: a copy from pageable memory would first wait for
-    all the work queued on the GPU (other stages' steps)."""
-    if device.type == "cpu":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
-
-
-def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, planned: dict, scale: float) -> torch.Tensor:
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, planned: dict, scale: float):
     """Packed queries [T, heads, d] over their sequences' cached keys -> [T, heads, d]."""
     varlen_attn, causal, takes_gqa = _varlen_attn()
     keys = k_cache[planned["slots"]].to(q.dtype)
@@ -88,6 +74,5 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, planne
     extra = dict(causal)
     if takes_gqa and keys.shape[1] != q.shape[1]:
         extra["enable_gqa"] = True
-    return varlen_attn(
-        q.contiguous(), keys, values, planned["cu_q"], planned["cu_k"], planned["max_q"], planned["max_k"], scale=scale, **extra
-    )
+    offsets = (planned["cu_q"], planned["cu_k"], planned["max_q"], planned["max_k"])
+    return varlen_attn(q.contiguous(), keys, values, *offsets, scale=scale, **extra)
