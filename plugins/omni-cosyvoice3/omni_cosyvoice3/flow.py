@@ -18,7 +18,7 @@ from torch import nn
 
 from .config import FlowConfig
 from .dit import DiT
-from .flow_cache import CachedCall, CachedFrames, FlowCache, pad_cached_inputs
+from .flow_cache import CachedCall, CachedFrames, FlowCache, pad_cached_inputs, pad_to
 from .graph_buckets import GraphBuckets
 
 NOISE_FRAMES = 50 * 300  # 300 s of 50 Hz mel frames of fixed noise
@@ -304,24 +304,18 @@ class FlowModel(nn.Module):
         return GraphBuckets(fn, pad_cached_inputs, example, g.batches, g.frames, device, "flow-cache", g.max_work)
 
 
-def _pad_to(x: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:
-    out = x.new_full(shape, fill)
-    out[tuple(slice(0, n) for n in x.shape)] = x
-    return out
-
-
 def pad_flow_inputs(inputs: dict[str, torch.Tensor], batch: int, frames: int) -> dict[str, torch.Tensor]:
     """Pad the decoder's inputs to ``batch`` rows and ``frames`` frames. Padded frames are not
     valid (masked out of the attention keys; the position conv is causal), so a real row's real
     frames are unchanged. Dummy rows are all valid, so their attention has keys (no NaN)."""
     b = inputs["mu"].shape[0]
     mel_bins = inputs["mu"].shape[1]
-    valid = _pad_to(inputs["valid"], (batch, frames), False)
+    valid = pad_to(inputs["valid"], (batch, frames), False)
     valid[b:] = True
     return {
-        "mu": _pad_to(inputs["mu"], (batch, mel_bins, frames), 0),
+        "mu": pad_to(inputs["mu"], (batch, mel_bins, frames), 0),
         "valid": valid,
-        "spks": _pad_to(inputs["spks"], (batch, mel_bins), 0),
-        "cond": _pad_to(inputs["cond"], (batch, mel_bins, frames), 0),
-        "streaming": _pad_to(inputs["streaming"], (batch,), True),
+        "spks": pad_to(inputs["spks"], (batch, mel_bins), 0),
+        "cond": pad_to(inputs["cond"], (batch, mel_bins, frames), 0),
+        "streaming": pad_to(inputs["streaming"], (batch,), True),
     }

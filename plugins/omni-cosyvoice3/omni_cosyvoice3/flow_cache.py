@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from omni_core.scheduler.host_copy import to_device
 
 from .config import FlowConfig
 
@@ -144,12 +145,16 @@ class CachedCall:
         starts = torch.tensor(self.starts)
         # a padded frame past the longest row's end takes the last position
         positions = (starts[:, None] + torch.arange(n_max)[None, :]).clamp(max=t_max - 1)
+        # every integer of the call goes over in one copy that waits for nothing (host_copy)
+        parts = [positions, torch.tensor(ends), torch.tensor(self.new), write, read]
+        on_device = to_device(torch.cat([x.reshape(-1) for x in parts]), cache.device)
+        positions, ends_t, new_t, write, read = on_device.split([x.numel() for x in parts])
         self.inputs = {
-            "positions": positions.to(cache.device),  # [B, n_max] absolute frames of the queries
-            "ends": torch.tensor(ends).to(cache.device),
-            "new": torch.tensor(self.new).to(cache.device),
-            "write": write.to(cache.device),  # [B, n_max] pool slots the new frames fill
-            "read": read.to(cache.device),  # [B, t_max] pool slots of all frames
+            "positions": positions.view(b, n_max),  # absolute frames of the queries
+            "ends": ends_t,
+            "new": new_t,
+            "write": write.view(b, n_max),  # pool slots the new frames fill
+            "read": read.view(b, t_max),  # pool slots of all frames
             "conv": torch.stack(contexts, dim=2).to(cache.dtype),  # [steps, 2 CFG, B, 2 convs, ctx, dim]
         }
 
@@ -159,31 +164,33 @@ class CachedCall:
             self.cache.commit(rid, end, conv[:, :, i].clone())
 
 
+def pad_to(x: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:
+    """``x`` in the corner of a ``shape`` tensor filled with ``fill``."""
+    out = x.new_full(shape, fill)
+    out[tuple(slice(0, n) for n in x.shape)] = x
+    return out
+
+
 def pad_cached_inputs(inputs: dict[str, torch.Tensor], batch: int, frames: int, keys: int) -> dict[str, torch.Tensor]:
     """Pad a cached call's tensors to ``batch`` rows, ``frames`` queries and ``keys`` keys: padded
     frames and dummy rows write to and read from the scratch block, and a dummy row has one key
     (no empty softmax); the real rows' real frames are unchanged."""
     b = inputs["ends"].shape[0]
 
-    def pad(x: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:
-        out = x.new_full(shape, fill)
-        out[tuple(slice(0, n) for n in x.shape)] = x
-        return out
-
     conv = inputs["conv"]
     out = {
-        "positions": pad(inputs["positions"], (batch, frames), 0),
-        "ends": pad(inputs["ends"], (batch,), 1),
-        "new": pad(inputs["new"], (batch,), 0),
-        "write": pad(inputs["write"], (batch, frames), 0),
-        "read": pad(inputs["read"], (batch, keys), 0),
-        "conv": pad(conv, (*conv.shape[:2], batch, *conv.shape[3:]), 0),
+        "positions": pad_to(inputs["positions"], (batch, frames), 0),
+        "ends": pad_to(inputs["ends"], (batch,), 1),
+        "new": pad_to(inputs["new"], (batch,), 0),
+        "write": pad_to(inputs["write"], (batch, frames), 0),
+        "read": pad_to(inputs["read"], (batch, keys), 0),
+        "conv": pad_to(conv, (*conv.shape[:2], batch, *conv.shape[3:]), 0),
     }
     for name in ("mu", "cond"):
         if name in inputs:
-            out[name] = pad(inputs[name], (batch, inputs[name].shape[1], frames), 0)
+            out[name] = pad_to(inputs[name], (batch, inputs[name].shape[1], frames), 0)
     if "spks" in inputs:
-        out["spks"] = pad(inputs["spks"], (batch, inputs["spks"].shape[1]), 0)
+        out["spks"] = pad_to(inputs["spks"], (batch, inputs["spks"].shape[1]), 0)
     return out
 
 
