@@ -147,11 +147,12 @@ class StreamEncoder:
     with any live stream: players handle that, libsndfile's own reader does not.
     """
 
-    def __init__(self, fmt: str, rate: int):
+    def __init__(self, fmt: str, rate: int, out_rate: int | None = None):
+        """``rate``: the chunks'; ``out_rate``: the stream's, if another (resampled as they come)."""
         self.fmt = check_output_format(fmt)
         self.in_rate = rate
-        self.rate = rate
-        if fmt == "opus" and rate not in _OPUS_RATES:
+        self.rate = out_rate or rate
+        if fmt == "opus" and self.rate not in _OPUS_RATES:
             self.rate = 48000
         self._resampler = (
             soxr.ResampleStream(rate, self.rate, 1, dtype="float32") if self.rate != rate else None

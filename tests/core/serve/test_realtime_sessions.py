@@ -17,7 +17,7 @@ from omni_core.serve.realtime.conversation_items import read_item
 from omni_core.serve.realtime.conversation_session import ConversationSession
 from omni_core.serve.realtime.endpoint import session_kind
 from omni_core.serve.realtime.realtime_config import CONVERSATION, SPEECH, RealtimeConfig, updated
-from omni_core.serve.realtime.responses import OutputAudio
+from omni_core.surface.audio_codecs import StreamEncoder
 from omni_core.serve.realtime.sockets import SocketClosed
 from omni_core.serve.realtime.speech_session import SpeechSession
 from omni_core.serve.realtime.turns import ServerVad
@@ -167,10 +167,10 @@ def test_an_item_holds_a_bounded_text():
 
 
 def test_output_audio_is_pcm16_at_the_session_rate():
-    same = OutputAudio(24000, 24000)
-    assert same.feed(np.array([0.0, 0.5, -2.0], np.float32)) == np.array([0, 16383, -32767], "<i2").tobytes()
+    same = StreamEncoder("pcm", 24000, out_rate=24000)
+    assert same.feed(np.array([0.0, 0.5, -2.0], np.float32)) == np.array([0, 16384, -32768], "<i2").tobytes()
     assert same.close() == b""
-    down = OutputAudio(24000, 16000)
+    down = StreamEncoder("pcm", 24000, out_rate=16000)
     chunks = [down.feed(np.zeros(2400, np.float32)) for _ in range(10)] + [down.close()]
     assert sum(len(c) for c in chunks) == 16000 * 2  # one second at 16 kHz, every sample sent
 

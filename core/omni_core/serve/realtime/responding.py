@@ -19,13 +19,13 @@ from omni_core.serve.exceptions import InvalidInput
 from omni_core.serve.realtime.realtime_config import read_max_tokens, read_modalities, read_voice, updated
 from omni_core.serve.realtime.responses import (
     CANCELLED_BY_CLIENT,
-    OutputAudio,
     Response,
     usage_of,
 )
 from omni_core.serve.realtime.session import RealtimeSession
 from omni_core.serve.realtime.session_config import as_object, refuse
 from omni_core.serve.realtime.sockets import error_event_of
+from omni_core.surface.audio_codecs import StreamEncoder
 
 ENDPOINT = "/v1/realtime"
 log = logging.getLogger("omni.serve")
@@ -174,7 +174,7 @@ class RespondingSession(RealtimeSession):
             if response.cancelled is None:
                 handle = self.socket.track(omni.submit(inputs, deadline=self.socket.deadline()))
                 response.handle = handle
-                audio = OutputAudio(omni.sample_rate or response.output_rate, response.output_rate)
+                audio = StreamEncoder("pcm", omni.sample_rate or response.output_rate, out_rate=response.output_rate)
                 async for event in handle:
                     payload = event.payload
                     if event.name == "text":

@@ -19,36 +19,9 @@ from __future__ import annotations
 
 import base64
 
-import numpy as np
-import soxr
-
 from omni_core.serve.realtime.sockets import new_id
 
 CANCELLED_BY_CLIENT, CANCELLED_BY_TURN = "client_cancelled", "turn_detected"
-
-
-class OutputAudio:
-    """Float32 chunks at the family's rate -> pcm16 bytes at the session's output rate."""
-
-    def __init__(self, source_rate: int, rate: int):
-        self._resampler = (
-            None if source_rate == rate else soxr.ResampleStream(source_rate, rate, 1, dtype="float32")
-        )
-
-    @staticmethod
-    def _pcm16(samples: np.ndarray) -> bytes:
-        return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-
-    def feed(self, samples: np.ndarray) -> bytes:
-        samples = np.asarray(samples, np.float32).reshape(-1)
-        if self._resampler is not None:
-            samples = self._resampler.resample_chunk(samples)
-        return self._pcm16(samples)
-
-    def close(self) -> bytes:
-        if self._resampler is None:
-            return b""
-        return self._pcm16(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
 
 
 class Response:
