@@ -102,7 +102,7 @@ async def collect(request: Request, handle) -> list[OutputEvent]:
     except RequestFailed as exc:
         raise stage_failure(exc) from None
     if handle.aborted:  # cut short by a drain: a partial reply must not look complete
-        raise APIError(503, "request aborted: the server is shutting down", type="server_error", code="aborted")
+        raise drained()
     return events
 
 
@@ -164,10 +164,16 @@ class SlotStreamingResponse(StreamingResponse):
             log.info("%s: the client left after %d bytes; request %s aborted", self.slot.endpoint, sent, request_id)
 
 
+def drained() -> APIError:
+    """The error of a request a drain (the server shutting down) cut short."""
+    return APIError(503, "request aborted: the server is shutting down", type="server_error", code="aborted")
+
+
 def error_event(exc: Exception) -> dict:
     """The SSE error event of a stream that cannot finish."""
     if isinstance(exc, RequestAborted):
-        message, kind, code = "request aborted: the server is shutting down", "server_error", "aborted"
+        error = drained()
+        message, kind, code = error.message, error.type, error.code
     elif isinstance(exc, RequestFailed):  # as the same failure before the stream began
         error = stage_failure(exc)
         message, kind, code = error.message, error.type, error.code

@@ -25,9 +25,9 @@ from omni_core.serve.realtime.responses import (
 from omni_core.serve.realtime.session import RealtimeSession
 from omni_core.serve.realtime.session_config import as_object, refuse
 from omni_core.serve.realtime.sockets import error_event_of
+from omni_core.serve.streaming import drained
 from omni_core.surface.audio_codecs import StreamEncoder
 
-ENDPOINT = "/v1/realtime"
 log = logging.getLogger("omni.serve")
 
 
@@ -189,8 +189,7 @@ class RespondingSession(RealtimeSession):
                 if response.cancelled is None:
                     await response.audio_delta(audio.close())
                     if handle.aborted:  # stopped from outside: the server drains
-                        raise APIError(503, "request aborted: the server is shutting down",
-                                       type="server_error", code="aborted")
+                        raise drained()
         except (APIError, InvalidInput, RequestFailed) as exc:
             if response.cancelled is None:
                 error = error_event_of(exc)["error"]
@@ -205,6 +204,6 @@ class RespondingSession(RealtimeSession):
             status, details = "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
         if status == "completed" and response.audio:
             seconds = response.audio_bytes / 2 / response.output_rate
-            self.state.metrics.audio_seconds.labels(ENDPOINT).inc(seconds)
+            self.state.metrics.audio_seconds.labels(self.socket.endpoint).inc(seconds)
         await response.end(previous, status, details, usage_of({"usage": final.get("usage") or speech_usage}))
         return status

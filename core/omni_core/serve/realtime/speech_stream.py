@@ -40,6 +40,7 @@ from omni_core.serve.realtime.sockets import (
     run_until_closed,
 )
 from omni_core.serve.speech import speech_inputs, voice_of
+from omni_core.serve.streaming import drained
 from omni_core.surface.audio_codecs import StreamEncoder
 
 router = APIRouter()
@@ -202,9 +203,7 @@ class SpeechStream:
             if tail := encoder.close():
                 await self.socket.send(tail)
             if handle.aborted:  # a drain: the server is shutting down
-                raise APIError(
-                    503, "request aborted: the server is shutting down", type="server_error", code="aborted"
-                )
+                raise drained()
         except RequestFailed as exc:
             await self.socket.send({**error_event_of(exc), "index": index})
             return

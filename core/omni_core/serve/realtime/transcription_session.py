@@ -21,8 +21,8 @@ from omni_core.serve.realtime.session import RealtimeSession
 from omni_core.serve.realtime.session_config import updated
 from omni_core.serve.realtime.sockets import error_event_of
 from omni_core.serve.realtime.vad import RATE
+from omni_core.serve.streaming import drained
 
-ENDPOINT = "/v1/realtime"
 TURNS_WAITING = 4
 
 
@@ -87,9 +87,7 @@ class TranscriptionSession(RealtimeSession):
                         delta=delta,
                     )
             if handle.aborted:
-                raise APIError(
-                    503, "request aborted: the server is shutting down", type="server_error", code="aborted"
-                )
+                raise drained()
         except (APIError, InvalidInput, RequestFailed) as exc:
             await self.send(
                 "conversation.item.input_audio_transcription.failed",
@@ -102,7 +100,7 @@ class TranscriptionSession(RealtimeSession):
             if handle is not None:
                 self.socket.done_with(handle)
         seconds = len(samples) / RATE
-        self.state.metrics.audio_seconds.labels(ENDPOINT).inc(seconds)
+        self.state.metrics.audio_seconds.labels(self.socket.endpoint).inc(seconds)
         await self.send(
             "conversation.item.input_audio_transcription.completed",
             item_id=item,
