@@ -1,6 +1,6 @@
-"""/v1/realtime server events checked against the official `openai` SDK's own types: its client
-builds them without validation, so a misnamed or missing field would go unseen in tests that
-read them through it."""
+"""/v1/realtime server events in tests: read through the openai SDK's connection up to a kind,
+and checked against the SDK's own types (its client builds them without validation, so a
+misnamed or missing field would go unseen in tests that read them through it)."""
 
 from __future__ import annotations
 
@@ -22,3 +22,13 @@ def events_until_done(ws, client_events: list[dict], timeout: float = 120) -> li
         events.append(json.loads(ws.recv(timeout=timeout)))
         _SERVER_EVENT.validate_python(events[-1])
     return events
+
+
+def events_until(connection, *kinds: str) -> list:
+    """Events from an SDK realtime ``connection`` up to and including the first of ``kinds`` (or an
+    error)."""
+    events = []
+    while True:
+        events.append(connection.recv())
+        if events[-1].type in (*kinds, "error"):
+            return events

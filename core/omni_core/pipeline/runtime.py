@@ -205,13 +205,17 @@ class Pipeline:
     def _cluster_lost(self, reason: str) -> None:
         """The Ray cluster is gone: every running request fails now, naming it (no stage on it can
         finish or be restarted); ``submit`` refuses new ones."""
-        with self._lock:
-            running = list(self._requests.values())
-            self._requests.clear()
-        for request in running:
+        for request in self._take_running():
             self._deadlines.discard(request.handle.request_id, request.deadline)
             request.handle._close(ClusterLost(reason))
             self._drop(request.handle.request_id, request.plan, abort=True)  # frees what lives on
+
+    def _take_running(self) -> list:
+        """Every running request, no longer the pipeline's (the caller ends them)."""
+        with self._lock:
+            running = list(self._requests.values())
+            self._requests.clear()
+        return running
 
     @property
     def unavailable(self) -> str | None:
@@ -280,9 +284,7 @@ class Pipeline:
         if self._closed:
             return
         self._closed = True
-        with self._lock:
-            running = list(self._requests.values())
-            self._requests.clear()
+        running = self._take_running()
         self._deadlines.close()
         for request in running:
             request.handle._close(RequestFailed("", "pipeline shut down"))

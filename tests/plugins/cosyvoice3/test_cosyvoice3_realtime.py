@@ -15,7 +15,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.core.serve.server import metric
-from tests.helpers.realtime_events import events_until_done
+from tests.helpers.realtime_events import events_until, events_until_done
 from tests.helpers.server import OmniServer
 
 KEY = "realtime-speech-key"
@@ -48,20 +48,12 @@ def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
 
 
-def _until(connection, *kinds):
-    """Events up to and including the first of ``kinds`` (or an error)."""
-    events = []
-    while True:
-        events.append(connection.recv())
-        if events[-1].type in (*kinds, "error"):
-            return events
-
 
 def _say(connection, text: str) -> None:
     connection.conversation.item.create(
         item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
     )
-    kinds = [e.type for e in _until(connection, "conversation.item.done")]
+    kinds = [e.type for e in events_until(connection, "conversation.item.done")]
     assert kinds == ["conversation.item.added", "conversation.item.done"], kinds
 
 
@@ -101,7 +93,7 @@ def test_text_in_speech_out(client):
         assert updated.session.audio.output.format.rate == 16000
         _say(connection, TEXT)
         connection.response.create()
-        events = _until(connection, "response.done")
+        events = events_until(connection, "response.done")
     kinds = [e.type for e in events]
     assert "error" not in kinds, events[-1]
     assert kinds[:4] == [
@@ -165,7 +157,7 @@ def test_voice_from_session_update_and_unknown_voice(client):
         connection.response.create(response={"audio": {"output": {"voice": "nobody"}}})
         assert connection.recv().error.code == "unknown_voice"
         connection.response.create()
-        events = _until(connection, "response.done")
+        events = events_until(connection, "response.done")
         assert events[-1].type == "response.done" and events[-1].response.status == "completed"
         assert any(e.type == "response.output_audio.delta" for e in events)
 
@@ -195,7 +187,7 @@ def test_bad_events_get_error_events(client):
             assert answer.type == "error" and answer.error.code == code, (event, answer)
         _say(connection, "Fine.")
         connection.response.create()
-        assert _until(connection, "response.done")[-1].response.status == "completed"
+        assert events_until(connection, "response.done")[-1].response.status == "completed"
 
 
 def test_response_cancel_ends_the_response_and_frees_its_request(server, client):
@@ -204,15 +196,15 @@ def test_response_cancel_ends_the_response_and_frees_its_request(server, client)
         assert connection.recv().type == "session.created"
         _say(connection, "speak these words one after another " * 6)
         connection.response.create()
-        _until(connection, "response.output_audio.delta")  # speaking: its request holds stage state
+        events_until(connection, "response.output_audio.delta")  # speaking: its request holds stage state
         connection.response.cancel()
-        events = _until(connection, "response.done")
+        events = events_until(connection, "response.done")
         done = events[-1].response
         assert done.status == "cancelled" and done.status_details.reason == "client_cancelled", done
         _freed(server, aborted, sessions=1)
         _say(connection, "And after that.")  # the session goes on
         connection.response.create()
-        assert _until(connection, "response.done")[-1].response.status == "completed"
+        assert events_until(connection, "response.done")[-1].response.status == "completed"
 
 
 def test_a_client_that_leaves_mid_response_frees_its_request(server, client):
@@ -221,5 +213,5 @@ def test_a_client_that_leaves_mid_response_frees_its_request(server, client):
         assert connection.recv().type == "session.created"
         _say(connection, "speak these words one after another " * 6)
         connection.response.create()
-        _until(connection, "response.output_audio.delta")
+        events_until(connection, "response.output_audio.delta")
     _freed(server, aborted)

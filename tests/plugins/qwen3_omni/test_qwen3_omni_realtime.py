@@ -20,7 +20,7 @@ import soxr
 from websockets.sync.client import connect
 
 from tests.core.serve.server import metric
-from tests.helpers.realtime_events import events_until_done
+from tests.helpers.realtime_events import events_until, events_until_done
 
 from .conftest import tiny_server
 
@@ -57,13 +57,6 @@ def spoken_pcm(tmp_path_factory) -> bytes:
     return (np.clip(soxr.resample(samples, rate, RATE), -1, 1) * 32767).astype("<i2").tobytes()
 
 
-def _until(connection, *kinds):
-    events = []
-    while True:
-        events.append(connection.recv())
-        if events[-1].type in (*kinds, "error"):
-            return events
-
 
 @contextlib.contextmanager
 def _opened(client, **session):
@@ -82,7 +75,7 @@ def _ask(connection, text: str) -> None:
     connection.conversation.item.create(
         item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
     )
-    assert [e.type for e in _until(connection, "conversation.item.done")][-1] == "conversation.item.done"
+    assert [e.type for e in events_until(connection, "conversation.item.done")][-1] == "conversation.item.done"
 
 
 def _append(connection, pcm: bytes, chunk_s: float = 0.1) -> None:
@@ -109,7 +102,7 @@ def test_text_in_text_and_audio_out_with_the_conversation_kept(client):
     with _opened(client, audio={"input": {"turn_detection": None}}, max_output_tokens=8) as connection:
         _ask(connection, "Good morning! What is new?")
         connection.response.create()
-        events = _until(connection, "response.done")
+        events = events_until(connection, "response.done")
         kinds = [e.type for e in events]
         assert "error" not in kinds, events[-1]
         transcript = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta")
@@ -122,7 +115,7 @@ def test_text_in_text_and_audio_out_with_the_conversation_kept(client):
         # the next turn answers the whole conversation: its prompt holds the first turn and reply
         _ask(connection, "And then?")
         connection.response.create(response={"output_modalities": ["text"]})
-        second = _until(connection, "response.done")
+        second = events_until(connection, "response.done")
         kinds = [e.type for e in second]
         assert "response.output_text.delta" in kinds and "response.output_audio.delta" not in kinds
         text = "".join(e.delta for e in second if e.type == "response.output_text.delta")
@@ -155,7 +148,7 @@ def test_spoken_turn_is_answered_when_server_vad_ends_it(client, spoken_pcm):
         max_output_tokens=6,
     ) as connection:
         _append(connection, bytes(RATE) + spoken_pcm + bytes(RATE * 2))
-        events = _until(connection, "response.done")
+        events = events_until(connection, "response.done")
         kinds = [e.type for e in events]
         assert "error" not in kinds, events[-1]
         expected = [
@@ -181,9 +174,9 @@ def test_a_long_spoken_conversation_keeps_its_newest_turns(client):
             connection.conversation.item.create(
                 item={"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": turn}]}
             )
-            _until(connection, "conversation.item.done")
+            events_until(connection, "conversation.item.done")
         connection.response.create(response={"output_modalities": ["text"]})
-        done = _until(connection, "response.done")[-1]
+        done = events_until(connection, "response.done")[-1]
         assert done.type == "response.done" and done.response.status in ("completed", "incomplete"), done
 
 
@@ -192,9 +185,9 @@ def test_response_cancel_frees_the_request(server, client):
     with _opened(client, audio={"input": {"turn_detection": None}}, max_output_tokens=400) as connection:
         _ask(connection, "Tell me a long story.")
         connection.response.create()
-        _until(connection, "response.output_audio.delta")  # speaking: both AR stages hold the request
+        events_until(connection, "response.output_audio.delta")  # speaking: both AR stages hold the request
         connection.response.cancel()
-        done = _until(connection, "response.done")[-1].response
+        done = events_until(connection, "response.done")[-1].response
         assert done.status == "cancelled" and done.status_details.reason == "client_cancelled", done
         _freed(server, aborted)
 
@@ -208,9 +201,9 @@ def test_speech_starting_cancels_the_response(server, client, spoken_pcm):
     ) as connection:
         _ask(connection, "Tell me a long story.")
         connection.response.create()
-        _until(connection, "response.output_audio.delta")  # speaking: both AR stages hold the request
+        events_until(connection, "response.output_audio.delta")  # speaking: both AR stages hold the request
         _append(connection, spoken_pcm[: RATE * 2])  # the user speaks over the reply
-        events = _until(connection, "response.done")
+        events = events_until(connection, "response.done")
         kinds = [e.type for e in events]
         assert "input_audio_buffer.speech_started" in kinds, kinds
         done = events[-1].response
@@ -223,7 +216,7 @@ def test_a_client_that_leaves_mid_response_frees_its_request(server, client):
     with _opened(client, audio={"input": {"turn_detection": None}}, max_output_tokens=400) as connection:
         _ask(connection, "Tell me a long story.")
         connection.response.create()
-        _until(connection, "response.output_audio.delta")
+        events_until(connection, "response.output_audio.delta")
     _freed(server, aborted)
     assert metric(server.url, "omni_running_requests") == 0  # the session's slot is back too
 

@@ -22,6 +22,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from tests.core.serve.server import metric
+from tests.helpers.realtime_events import events_until
 from tests.helpers.server import OmniServer
 
 pytest.importorskip("silero_vad", reason="server VAD needs omni-core's realtime extra")
@@ -60,13 +61,6 @@ def _pcm16(wav: bytes, rate: int) -> bytes:
 def _append(connection, pcm: bytes) -> None:
     connection.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
 
-
-def _events_until(connection, kind: str) -> list:
-    events = []
-    while True:
-        events.append(connection.recv())
-        if events[-1].type in (kind, "error"):
-            return events
 
 
 @pytest.mark.timeout(180)
@@ -148,7 +142,7 @@ def test_commit_by_hand_clear_and_an_empty_commit(client, spoken, sentences):
         for offset in range(0, len(pcm), 3200):
             _append(connection, pcm[offset : offset + 3200])
         connection.input_audio_buffer.commit()
-        events = _events_until(connection, "conversation.item.input_audio_transcription.completed")
+        events = events_until(connection, "conversation.item.input_audio_transcription.completed")
         kinds = [e.type for e in events]
         assert kinds[:3] == [
             "input_audio_buffer.committed",
