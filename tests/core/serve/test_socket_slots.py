@@ -73,7 +73,7 @@ def test_a_handshake_whose_client_left_in_the_queue_gives_its_slot_back(server):
 def broken_vad_server(testfamily_site, tmp_path_factory):
     """One running slot, and a silero-vad whose model file is damaged: onnxruntime fails to load
     it (not the missing extra, which turns server VAD off) when a realtime session is made."""
-    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime", reason="server VAD runs on onnxruntime (omni-core's realtime extra)")
     workdir = tmp_path_factory.mktemp("broken-vad")
     data = workdir / "site" / "silero_vad" / "data"
     data.mkdir(parents=True)
