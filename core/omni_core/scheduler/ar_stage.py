@@ -10,7 +10,10 @@ layer stack):
   ``ctx.extras`` (per-sequence dicts, batch order) and ``ctx.query_lens``;
 - ``compute_logits(hidden [N, H]) -> [N, V]``
 - ``kv_cache_spec`` (``KVCacheSpec(num_layers, num_kv_heads, head_dim)``), ``hidden_size``,
-  optional ``supports_cuda_graphs`` (True only if forward depends on nothing but its tensors).
+  optional ``supports_cuda_graphs`` (True only if forward depends on nothing but its tensors:
+  decode and one prompt's prefill then run in CUDA graphs), and optional
+  ``reads_extras_in_prefill(extras) -> bool`` where a prefill with some extras reads more (that
+  step runs eagerly).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from omni_core.models.paged_backend import resolve_attention_backend
 from omni_core.platforms import Platform, platform_for
 from omni_core.scheduler.graph_capture import capture_cuda_graph
 from omni_core.scheduler.hooks import StepBatch
+from omni_core.scheduler.prefill_graphs import PrefillGraphs
 from omni_core.scheduler.host_copy import to_device
 from omni_core.scheduler.sampler import Sampler, SamplingTensors, build_sampling_tensors
 from omni_core.scheduler.sequence import Sequence
@@ -61,7 +62,8 @@ class LaunchedStep:
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype, hooks: dict[str, Any], backend=None, max_model_len: int = 4096, cuda_graph_sizes: tuple[int, ...] = (), cuda_graph_kv_lens: tuple[int, ...] = ()):
+    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype, hooks: dict[str, Any], backend=None, max_model_len: int = 4096, cuda_graph_sizes: tuple[int, ...] = (), cuda_graph_kv_lens: tuple[int, ...] = (),
+                 prefill_graph_tokens: tuple[int, ...] = ()):
         self.model = model
         self.device = device
         self.platform = platform_for(device)
@@ -94,9 +96,13 @@ class ModelRunner:
         self.max_blocks_per_seq = (max_model_len + block_size - 1) // block_size
         # (batch size, block-table width) -> graph; narrow widths keep the KV gather short
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
-        if cuda_graph_sizes and self.platform.supports_graphs and getattr(model, "supports_cuda_graphs", False):
-            widths = sorted({min(self.max_blocks_per_seq, -(-t // block_size)) for t in cuda_graph_kv_lens} | {self.max_blocks_per_seq})
-            self._capture_graphs(sorted(set(cuda_graph_sizes)), widths)
+        graphs = self.platform.supports_graphs and getattr(model, "supports_cuda_graphs", False)
+        kv_widths = {min(self.max_blocks_per_seq, -(-t // block_size)) for t in cuda_graph_kv_lens}
+        if cuda_graph_sizes and graphs:
+            self._capture_graphs(sorted(set(cuda_graph_sizes)), sorted(kv_widths | {self.max_blocks_per_seq}))
+        # one short prompt's prefill (scheduler/prefill_graphs.py); longer contexts than the
+        # graphs' widths prefill eagerly (a padded mask over the whole context grows with it)
+        self.prefill_graphs = PrefillGraphs(self, sorted(set(prefill_graph_tokens)), sorted(kv_widths)) if prefill_graph_tokens and kv_widths and graphs else None
 
     @torch.inference_mode()
     def warm_up_prefill(self, token_budget: int) -> None:
@@ -257,9 +263,12 @@ class ModelRunner:
         graph_key = None
         if self.graphs and not is_prefill and not capture:
             graph_key = self._graph_key(len(seqs), max(len(s.block_table) for s in seqs))
+        prefill_key = self.prefill_graphs.key(seqs, capture) if is_prefill and self.prefill_graphs is not None else None
         if graph_key is not None:
             ids, positions, embeds, meta, query_lens = self._prepare_graph_decode(seqs, graph_key, ahead_ids)
             model_positions = None
+        elif prefill_key is not None:
+            ids, positions, embeds, query_lens = self.prefill_graphs.prepare(seqs, prefill_key)
         else:
             ids, positions, embeds, meta, query_lens, model_positions = self._prepare(seqs, is_prefill, ahead_ids)
         if is_prefill:
@@ -275,6 +284,11 @@ class ModelRunner:
         if graph_key is not None:
             hidden_last, logits, greedy = self._replay(graph_key, batch.input_embeds, len(seqs))
             captured = {}
+        elif prefill_key is not None:
+            hidden_last, logits = self.prefill_graphs.replay(prefill_key, batch.input_embeds)
+            captured = {}
+            if not sample_index:  # a first chunk of a longer prompt: nothing to sample
+                hidden_last = logits = None
         else:
             ctx = ForwardContext(meta, self.backend, self.kv_caches, is_prefill, extras, query_lens, capture)
             self.backend.prepare(meta)

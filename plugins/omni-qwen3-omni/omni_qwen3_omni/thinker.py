@@ -36,8 +36,13 @@ class PromptMedia:
 class ThinkerLM(Qwen3MoeForCausalLM):
     """``thinker.model.*`` and ``thinker.lm_head`` of the checkpoint (loaded without the prefix)."""
 
+    @staticmethod
+    def reads_extras_in_prefill(extras: list[dict]) -> bool:
+        """A prefill with media inserts their rows on the host (no prefill graph for it)."""
+        return any("media" in e for e in extras)
+
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if not (ctx.is_prefill and any("media" in extras for extras in ctx.extras)):
+        if not (ctx.is_prefill and self.reads_extras_in_prefill(ctx.extras)):
             return super().forward(embeds, positions, ctx)
         embeds, layer_inputs = self._insert_media(embeds, ctx)
         return self.model(embeds, positions, ctx, layer_inputs)

@@ -1,0 +1,100 @@
+"""One prompt's prefill in a graph (scheduler/prefill_graphs.py) gives the tokens eager prefill gives.
+
+On the host the graphs' padded inputs, masks and scratch slot run through a stand-in that replays
+the captured step eagerly into the same static tensors; on CUDA through real graphs.
+"""
+
+import pytest
+import torch
+from omni_core.scheduler import AREngine, EngineConfig, SamplingParams
+from omni_core.scheduler.prefill_graphs import PrefillGraphs
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+class EagerGraph:
+    """A graph's stand-in on the host: ``replay()`` runs the captured step again and writes its
+    results into the tensors the capture returned, as a graph's replay does."""
+
+    def __init__(self, step, outputs):
+        self.step, self.outputs = step, outputs
+
+    def replay(self):
+        for out, new in zip(self.outputs, self.step(), strict=True):
+            out.copy_(new)
+
+    def pool(self):
+        return None
+
+
+def capture_eagerly(step, device, pool):
+    outputs = step()
+    return EagerGraph(step, outputs), outputs
+
+
+def prompts_one_by_one(engine, prompts, params=GREEDY):
+    """Each prompt alone (a prefill step of one sequence), in order, on one engine."""
+    return [engine.generate([p], params)[0].token_ids for p in prompts]
+
+
+def prompts():
+    g = torch.Generator().manual_seed(3)
+    shared = torch.randint(0, 128, (35,), generator=g).tolist()
+    return [torch.randint(0, 128, (n,), generator=g).tolist() for n in (3, 17, 40)] + [
+        shared + [5, 6],
+        shared + [7],  # its first two blocks come from the prefix cache: the prefill continues them
+        torch.randint(0, 128, (150,), generator=g).tolist(),  # wider than every graph: eager
+    ]
+
+
+def test_prefill_in_graph_inputs_matches_eager_on_host(tiny_model):
+    config = dict(block_size=16, num_kv_blocks=64, cuda_graphs=False)
+    eager = prompts_one_by_one(AREngine(tiny_model, EngineConfig(**config)), prompts())
+    engine = AREngine(tiny_model, EngineConfig(**config))
+    engine.runner.prefill_graphs = PrefillGraphs(engine.runner, [16, 32, 64], [4], capture=capture_eagerly)
+    assert sorted(engine.runner.prefill_graphs.graphs) == [(16, 4), (32, 4), (64, 4)]
+    assert prompts_one_by_one(engine, prompts()) == eager
+    # every prompt but the 150-token one prefilled in a graph; the cached prefix was not recomputed
+    assert engine.runner.prefill_graphs.replays == 5
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_chunks_of_a_long_prompt_continue_in_graphs_on_host(tiny_model):
+    # a 60-token prompt in chunks of 24: three steps, each continuing the cache the one before wrote
+    config = dict(block_size=16, num_kv_blocks=64, cuda_graphs=False, max_num_batched_tokens=24, enable_prefix_caching=False)
+    prompt = torch.randint(0, 128, (60,), generator=torch.Generator().manual_seed(4)).tolist()
+    eager = prompts_one_by_one(AREngine(tiny_model, EngineConfig(**config)), [prompt])
+    engine = AREngine(tiny_model, EngineConfig(**config))
+    engine.runner.prefill_graphs = PrefillGraphs(engine.runner, [16, 32], [4], capture=capture_eagerly)
+    assert prompts_one_by_one(engine, [prompt]) == eager
+    assert engine.runner.prefill_graphs.replays == 3
+
+
+def test_several_prompts_or_returned_hidden_layers_prefill_eagerly_on_host(tiny_model):
+    from omni_core.scheduler import EngineRequest
+
+    config = dict(block_size=16, num_kv_blocks=64, cuda_graphs=False)
+    engine = AREngine(tiny_model, EngineConfig(**config))
+    engine.runner.prefill_graphs = PrefillGraphs(engine.runner, [16, 32], [4], capture=capture_eagerly)
+    engine.generate([[1, 2, 3], [4, 5, 6, 7]], GREEDY)
+    engine.add_request(EngineRequest("layers", prompt_token_ids=[9, 8, 7], params=GREEDY, hidden_layers=(1,)))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.runner.prefill_graphs.replays == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_prefill_graphs_match_eager_on_cuda(tiny_checkpoint):
+    from omni_core.models import load_causal_lm
+
+    model = load_causal_lm(tiny_checkpoint[1], device="cuda", dtype=torch.float32)
+    config = dict(block_size=16, num_kv_blocks=64, cuda_graph_kv_lens=(64,))
+    eager = prompts_one_by_one(AREngine(model, EngineConfig(**config, cuda_graphs=False), device="cuda"), prompts())
+    engine = AREngine(model, EngineConfig(**config), device="cuda")
+    assert sorted(engine.runner.prefill_graphs.graphs) == [(16, 4), (32, 4), (64, 4)]
+    assert prompts_one_by_one(engine, prompts()) == eager
+    assert engine.runner.prefill_graphs.replays == 5
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, seed=5, ignore_eos=True)
+    plain = AREngine(model, EngineConfig(**config, cuda_graphs=False), device="cuda")
+    assert prompts_one_by_one(engine, prompts()[:3], sampled) == prompts_one_by_one(plain, prompts()[:3], sampled)
