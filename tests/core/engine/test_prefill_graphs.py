@@ -70,6 +70,26 @@ def test_chunks_of_a_long_prompt_continue_in_graphs_on_host(tiny_model):
     assert engine.runner.prefill_graphs.replays == 3
 
 
+def test_embedding_prompts_prefill_in_graphs_on_host(tiny_model):
+    # prompt embeddings (a talker's prompt) replace the looked-up rows before the graph replays
+    from omni_core.scheduler import EngineRequest
+
+    embeds = torch.randn(21, tiny_model.hidden_size, generator=torch.Generator().manual_seed(5))
+    config = dict(block_size=16, num_kv_blocks=64, cuda_graphs=False)
+    tokens = {}
+    for graphs in (False, True):
+        engine = AREngine(tiny_model, EngineConfig(**config))
+        if graphs:
+            engine.runner.prefill_graphs = PrefillGraphs(engine.runner, [32], [4], capture=capture_eagerly)
+        engine.add_request(EngineRequest("e", prompt_embeds=embeds, params=GREEDY))
+        out = []
+        while engine.has_unfinished():
+            out += [t for o in engine.step() for t in o.new_token_ids]
+        tokens[graphs] = out
+    assert engine.runner.prefill_graphs.replays == 1
+    assert tokens[True] == tokens[False] and len(tokens[True]) == GREEDY.max_tokens
+
+
 def test_several_prompts_or_returned_hidden_layers_prefill_eagerly_on_host(tiny_model):
     from omni_core.scheduler import EngineRequest
 
