@@ -71,7 +71,8 @@ class PrefillGraphs:
         positions = list(range(start, context))
         slots = [seq.block_table[p // bs] * bs + p % bs for p in positions]
         pad = size - n
-        table = seq.block_table + [0] * (width - len(seq.block_table))
+        # a chunked prompt holds blocks for its whole length: the graph reads those of its context
+        table = seq.block_table[:width] + [0] * (width - len(seq.block_table))
         # padding rows: token 0, position 0, the scratch slot
         host = torch.tensor(seq.token_ids[start:context] + [0] * pad + positions + [0] * pad + slots + [runner.scratch_slot] * pad
                             + [n - 1, context, n] + table, dtype=torch.int64)

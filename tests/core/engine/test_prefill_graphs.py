@@ -60,14 +60,16 @@ def test_prefill_in_graph_inputs_matches_eager_on_host(tiny_model):
 
 
 def test_chunks_of_a_long_prompt_continue_in_graphs_on_host(tiny_model):
-    # a 60-token prompt in chunks of 24: three steps, each continuing the cache the one before wrote
+    # chunks of 24, each continuing the cache the one before wrote: a 60-token prompt in three
+    # graph steps; a 100-token one (blocks for all of it, wider than the graphs) in two, then eagerly
     config = dict(block_size=16, num_kv_blocks=64, cuda_graphs=False, max_num_batched_tokens=24, enable_prefix_caching=False)
-    prompt = torch.randint(0, 128, (60,), generator=torch.Generator().manual_seed(4)).tolist()
-    eager = prompts_one_by_one(AREngine(tiny_model, EngineConfig(**config)), [prompt])
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (60, 100)]
+    eager = prompts_one_by_one(AREngine(tiny_model, EngineConfig(**config)), prompts)
     engine = AREngine(tiny_model, EngineConfig(**config))
     engine.runner.prefill_graphs = PrefillGraphs(engine.runner, [16, 32], [4], capture=capture_eagerly)
-    assert prompts_one_by_one(engine, [prompt]) == eager
-    assert engine.runner.prefill_graphs.replays == 3
+    assert prompts_one_by_one(engine, prompts) == eager
+    assert engine.runner.prefill_graphs.replays == 3 + 2
 
 
 def test_embedding_prompts_prefill_in_graphs_on_host(tiny_model):
