@@ -3,7 +3,13 @@
 from omni_core.hooks.errors import InputTooLarge, InvalidInput
 from omni_core.hooks.hookspecs import ENTRY_POINT_GROUP, PROJECT, hookimpl, hookspec
 from omni_core.hooks.manager import PluginManager, PluginRecord, UnknownNameError, get_plugin_manager
-from omni_core.hooks.options import check_option_names, flag_option, number_option
+from omni_core.hooks.options import (
+    PREFILL_GRAPHS_HELP,
+    check_option_names,
+    engine_graph_options,
+    flag_option,
+    number_option,
+)
 from omni_core.hooks.presets import warn_random_weights
 from omni_core.hooks.specs import TASKS, EngineSpec, FamilySpec, ReferenceLimits, TransportSpec, Voice
 
@@ -26,6 +32,8 @@ __all__ = [
     "hookspec",
     "check_option_names",
     "flag_option",
+    "engine_graph_options",
+    "PREFILL_GRAPHS_HELP",
     "number_option",
     "warn_random_weights",
 ]

@@ -39,6 +39,18 @@ def flag_option(options: dict[str, Any], name: str, default: bool) -> bool:
     raise ValueError(f"option {name}={raw!r}: expected true or false")
 
 
+PREFILL_GRAPHS_HELP = "on CUDA, one prompt's prefill in a CUDA graph (true; cuda_graphs=false turns it off too)"
+
+
+def engine_graph_options(options: dict[str, Any]) -> dict[str, Any]:
+    """EngineConfig's CUDA-graph fields from the options ``cuda_graphs`` (every graph, true) and
+    ``prefill_graphs`` (one prompt's prefill, true)."""
+    out: dict[str, Any] = {"cuda_graphs": flag_option(options, "cuda_graphs", True)}
+    if not flag_option(options, "prefill_graphs", True):
+        out["cuda_graph_prefill_tokens"] = ()
+    return out
+
+
 def check_option_names(spec, options: dict[str, Any]) -> None:
     """Raises ValueError naming the keys of ``options`` that the family ``spec`` (a FamilySpec)
     does not declare, and listing the ones it does; nothing for a family that declares none."""

@@ -23,8 +23,8 @@ from omni_core.models.paged_backend import resolve_attention_backend
 from omni_core.platforms import Platform, platform_for
 from omni_core.scheduler.graph_capture import capture_cuda_graph
 from omni_core.scheduler.hooks import StepBatch
-from omni_core.scheduler.prefill_graphs import PrefillGraphs
 from omni_core.scheduler.host_copy import to_device
+from omni_core.scheduler.prefill_graphs import PrefillGraphs
 from omni_core.scheduler.sampler import Sampler, SamplingTensors, build_sampling_tensors
 from omni_core.scheduler.sequence import Sequence
 

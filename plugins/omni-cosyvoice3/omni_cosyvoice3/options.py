@@ -1,6 +1,8 @@
 """The build options cosyvoice3 reads (``omni serve --option KEY=VALUE``): its FamilySpec declares
 them, so a key not named here is refused, and ``omni families cosyvoice3`` prints this table."""
 
+from omni_core.hooks import PREFILL_GRAPHS_HELP
+
 _GRAPHS = "{} graphs captured at start-up on CUDA: batch1 (default) | all | none | BxT,... | off (run eagerly)"
 
 OPTIONS = {
@@ -13,6 +15,7 @@ OPTIONS = {
     "max_hop": "tokens of the largest flow chunk (100)",
     "kv_cache_bytes": "the llm's KV-cache budget (default: half the free GPU memory, 1 GiB on CPU)",
     "cuda_graphs": "CUDA graphs for the llm, flow and HiFT (true)",
+    "prefill_graphs": PREFILL_GRAPHS_HELP,
     "min_token_text_ratio": "speech tokens per text token a reply makes at least (2)",
     "max_token_text_ratio": "speech tokens per text token a reply makes at most (20)",
     "min_length_blocks": "what a reply under its minimum cannot draw: reference (6561 alone, default) | all (every stop id)",

@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 
 import torch
-from omni_core.hooks import flag_option, number_option, warn_random_weights
+from omni_core.hooks import engine_graph_options, flag_option, number_option, warn_random_weights
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.platforms import platform_for
 from omni_core.scheduler.engine import EngineConfig
@@ -51,7 +51,7 @@ def llm_factory(
     dtype: str,
     max_num_seqs: int,
     kv_cache_bytes: int | None,
-    cuda_graphs: bool,
+    graph_options: dict,
     length_ratios: tuple[float, float] = (2.0, 20.0),
     overlap_decode: bool = False,
     block_all_stops: bool = False,
@@ -62,8 +62,8 @@ def llm_factory(
         max_num_seqs=max_num_seqs,
         kv_cache_bytes=kv_cache_bytes,
         dtype=_dtype(dtype),
-        cuda_graphs=cuda_graphs,
         enable_prefix_caching=True,
+        **graph_options,
         overlap_decode=overlap_decode,
     )
     model = model.to(device=context.device, dtype=_dtype(dtype))
@@ -184,7 +184,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     dtype=llm_dtype,
                     max_num_seqs=max_batch,
                     kv_cache_bytes=None if kv is None else int(kv),
-                    cuda_graphs=flag_option(options, "cuda_graphs", True),
+                    graph_options=engine_graph_options(options),
                     length_ratios=(
                         float(options.get("min_token_text_ratio", 2.0)),
                         float(options.get("max_token_text_ratio", 20.0)),

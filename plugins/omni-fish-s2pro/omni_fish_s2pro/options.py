@@ -1,6 +1,8 @@
 """The build options fish-s2pro reads (``omni serve --option KEY=VALUE``): its FamilySpec declares
 them, so a key not named here is refused, and ``omni families fish-s2pro`` prints this table."""
 
+from omni_core.hooks import PREFILL_GRAPHS_HELP
+
 OPTIONS = {
     "dtype": "auto (the platform's: bfloat16 on CUDA and XPU, float32 on CPU) | float32 | bfloat16 | float16",
     "codec_dtype": "the codec's dtype (float32)",
@@ -10,6 +12,7 @@ OPTIONS = {
     "max_num_batched_tokens": "tokens of a prefill step; longer prompts are prefilled in chunks (8192)",
     "max_model_len": "prompt + reply tokens (the model's max_seq_len)",
     "cuda_graphs": "on CUDA, the slow AR's decode steps and each step's fast AR in CUDA graphs (true)",
+    "prefill_graphs": PREFILL_GRAPHS_HELP,
     "max_new_tokens": "frames a reply may speak, ~46 ms each (1024)",
     "segment_context": "earlier segments of a long text a segment's prompt carries (one voice); 0: none (2)",
     "temperature": "the default sampling temperature of both ARs; 0: greedy (0.8)",

@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 
 import torch
-from omni_core.hooks import flag_option, number_option, warn_random_weights
+from omni_core.hooks import engine_graph_options, number_option, warn_random_weights
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.platforms import platform_for
 from omni_core.scheduler.engine import EngineConfig
@@ -89,8 +89,8 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
         max_model_len=min(number_option(options, "max_model_len", cfg.max_seq_len), cfg.max_seq_len),
         kv_cache_bytes=None if kv is None else number_option(options, "kv_cache_bytes", 0),
         max_num_batched_tokens=number_option(options, "max_num_batched_tokens", 8192),
-        cuda_graphs=flag_option(options, "cuda_graphs", True),
         enable_prefix_caching=False,  # prompts are embeddings (frames), which the prefix cache cannot key
+        **engine_graph_options(options),
     )
     sampling = {
         key: number_option(options, key, None, kind=kind, allow_zero=True)

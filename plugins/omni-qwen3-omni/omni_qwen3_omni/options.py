@@ -1,6 +1,8 @@
 """The build options qwen3-omni reads (``omni serve --option KEY=VALUE``): its FamilySpec declares
 them, so a key not named here is refused, and ``omni families qwen3-omni`` prints this table."""
 
+from omni_core.hooks import PREFILL_GRAPHS_HELP
+
 OPTIONS = {
     "dtype": "auto (the platform's: bfloat16 on CUDA and XPU, float32 on CPU) | float32 | bfloat16 | float16",
     "max_batch": "thinker and talker sequences, and requests an encoder call takes (32)",
@@ -8,7 +10,8 @@ OPTIONS = {
     "max_model_len": "prompt + reply tokens (32768, or the model's limit)",
     "kv_cache_bytes": "the thinker's KV-cache budget (half the free GPU memory, 1 GiB on CPU)",
     "max_num_batched_tokens": "tokens of a prefill step; longer prompts are prefilled in chunks (8192)",
-    "cuda_graphs": "decode steps in CUDA graphs on CUDA (true)",
+    "cuda_graphs": "decode steps and one prompt's prefill in CUDA graphs on CUDA (true)",
+    "prefill_graphs": PREFILL_GRAPHS_HELP,
     "prefix_caching": "reuse the KV of shared prompt prefixes (true)",
     "max_audios": "audio parts a request may hold (8)",
     "max_images": "image parts a request may hold (8)",

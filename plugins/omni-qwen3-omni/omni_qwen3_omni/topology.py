@@ -17,7 +17,7 @@ import functools
 import json
 from pathlib import Path
 
-from omni_core.hooks import number_option
+from omni_core.hooks import engine_graph_options, flag_option, number_option
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.platforms import platform_for
 from omni_core.scheduler.engine import EngineConfig
@@ -117,8 +117,8 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
         max_model_len=max_model_len,
         kv_cache_bytes=None if kv is None else number_option(options, "kv_cache_bytes", 0),
         max_num_batched_tokens=number_option(options, "max_num_batched_tokens", 8192),
-        cuda_graphs=bool(options.get("cuda_graphs", True)),
-        enable_prefix_caching=bool(options.get("prefix_caching", True)),
+        enable_prefix_caching=flag_option(options, "prefix_caching", True),
+        **engine_graph_options(options),
     )
     limits = dict(
         max_audios=number_option(options, "max_audios", 8, allow_zero=True),
@@ -180,8 +180,8 @@ def _add_speech(topology: Topology, path: str, dtype: str, options: dict, max_ba
     engine = dict(
         max_num_seqs=max_batch,
         kv_cache_bytes=None if kv is None else number_option(options, "talker_kv_cache_bytes", 0),
-        cuda_graphs=bool(options.get("cuda_graphs", True)),
         enable_prefix_caching=False,  # prompts are embeddings
+        **engine_graph_options(options),
     )
     sampling = dict(
         temperature=number_option(options, "talker_temperature", 0.9, kind=float, allow_zero=True),

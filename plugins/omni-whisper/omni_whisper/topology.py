@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from omni_core.hooks import number_option, warn_random_weights
+from omni_core.hooks import flag_option, number_option, warn_random_weights
 from omni_core.pipeline import Edge, StageSpec, Topology
 
 from omni_whisper import stages
@@ -29,8 +29,8 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     }
     decoder_options = {
         "max_batch": number_option(options, "max_batch", 32),
-        "temperature_fallback": bool(options.get("temperature_fallback", False)),
-        "cuda_graphs": bool(options.get("cuda_graphs", True)),
+        "temperature_fallback": flag_option(options, "temperature_fallback", False),
+        "cuda_graphs": flag_option(options, "cuda_graphs", True),
     }
     make = functools.partial
     return Topology(

@@ -4,7 +4,7 @@ loop forever fails the build with a message naming the option."""
 from __future__ import annotations
 
 import pytest
-from omni_core.hooks import flag_option, number_option
+from omni_core.hooks import engine_graph_options, flag_option, number_option
 
 
 @pytest.mark.parametrize("raw", [0, -3, "x", True, 2.5, float("nan"), float("inf"), None])
@@ -29,6 +29,18 @@ def test_a_flag_is_plainly_true_or_false():
     for raw in ("maybe", "2", "", None):
         with pytest.raises(ValueError, match=r"option f=.*: expected true or false"):
             flag_option({"f": raw}, "f", False)
+
+
+def test_graph_options_become_engine_config_fields():
+    from omni_core.scheduler import EngineConfig
+
+    assert engine_graph_options({}) == {"cuda_graphs": True}
+    assert EngineConfig(**engine_graph_options({})).cuda_graph_prefill_tokens  # the engine's default sizes
+    off = EngineConfig(**engine_graph_options({"prefill_graphs": "off"}))
+    assert off.cuda_graphs and off.cuda_graph_prefill_tokens == ()
+    assert engine_graph_options({"cuda_graphs": "false"}) == {"cuda_graphs": False}
+    with pytest.raises(ValueError, match="option prefill_graphs='sometimes'"):
+        engine_graph_options({"prefill_graphs": "sometimes"})
 
 
 def test_a_key_the_family_does_not_declare_is_refused_naming_it_and_the_known_ones():
