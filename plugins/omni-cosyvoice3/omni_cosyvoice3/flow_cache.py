@@ -10,7 +10,8 @@ two convs (its left context); a later call runs only its new frames as queries, 
 cached keys and its own.
 
 Keys and values live in one pool of 50-frame blocks (block 0 is scratch for padded frames), the
-pool sized by a byte budget and allocated on first use. A request whose next blocks do not fit
+pool sized by a byte budget and allocated when the stage starts (a budget the device cannot hold
+fails there, naming the option, not in a request). A request whose next blocks do not fit
 is refused: its blocks are freed and its later calls recompute everything, as without a cache.
 The last call of a streamed request attends over all frames by default (the reference's rule),
 so it does not use the cache; with the chunk mask (``flow_last_call=masked``) it does. The worker
@@ -26,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from omni_core.platforms import platform_for
 from omni_core.scheduler.host_copy import to_device
 
 from .config import FlowConfig
@@ -65,14 +67,21 @@ class FlowCache:
         # cached calls as CUDA graphs where the flow has graphs (``flow_cache_graphs``)
         self.use_graphs = use_graphs
         self.graphs = None  # GraphBuckets of (batch, query frames, key frames), made on first use
+        if self.blocks_total:
+            self._pool(int(budget_bytes))
 
-    def _pool(self) -> None:
-        if self.keys is None:
-            slots = (self.blocks_total + 1) * self.block
-            shape = (self.cfg.n_timesteps, self.cfg.depth, 2, slots, self.inner)
+    def _pool(self, budget_bytes: int) -> None:
+        slots = (self.blocks_total + 1) * self.block
+        shape = (self.cfg.n_timesteps, self.cfg.depth, 2, slots, self.inner)
+        try:
             # zeros, not empty: padded keys are masked, but a NaN there would still poison softmax
             self.keys = torch.zeros(shape, device=self.device, dtype=self.dtype)
             self.values = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        except RuntimeError:  # torch.OutOfMemoryError on an accelerator, the allocator's error on the host
+            self.keys = self.values = None
+            free = platform_for(self.device).memory_info(self.device.index).free_bytes
+            room = f" ({free / 2**30:.1f} GiB free after the stage's weights and graphs)"
+            raise ValueError(f"cosyvoice3: flow_cache_bytes={budget_bytes} does not fit on {self.device}{room}: lower it") from None
 
     def cached_frames(self, request_id: str) -> int:
         entry = self.requests.get(request_id)
@@ -94,7 +103,6 @@ class FlowCache:
             return False
         entry.blocks.extend(self.free_blocks.pop() for _ in range(need))
         self.requests[request_id] = entry
-        self._pool()
         return True
 
     def commit(self, request_id: str, frames: int, conv_context: torch.Tensor) -> None:

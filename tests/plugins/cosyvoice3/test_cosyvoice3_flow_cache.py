@@ -92,6 +92,13 @@ def test_streamed_mel_with_the_cache_equals_the_mel_without_it(flow):
     _assert_empty(cache)  # every request's last chunk freed its blocks
 
 
+def test_the_pool_is_allocated_when_the_stage_starts(flow):
+    # a budget the device cannot hold then fails at start-up (a ValueError naming flow_cache_bytes),
+    # not in a request
+    cache = FlowCache(flow.cfg, 1 << 20, "cpu", flow.dtype)
+    assert cache.keys is not None and cache.keys.shape[3] == (cache.blocks_total + 1) * cache.block
+
+
 def test_a_request_refused_by_the_budget_recomputes_and_gives_the_same_mel(flow):
     """A budget of 8 blocks: r1 (30 prompt tokens, 260 generated) outgrows it while the others
     hold blocks, is refused, and from then on recomputes all its frames on each call."""
