@@ -39,12 +39,12 @@ def flag_option(options: dict[str, Any], name: str, default: bool) -> bool:
     raise ValueError(f"option {name}={raw!r}: expected true or false")
 
 
-PREFILL_GRAPHS_HELP = "on CUDA, one prompt's prefill in a CUDA graph (true; cuda_graphs=false turns it off too)"
+PREFILL_GRAPHS_HELP = "on CUDA, prefills of short prompts in CUDA graphs (true; cuda_graphs=false turns them off too)"
 
 
 def engine_graph_options(options: dict[str, Any]) -> dict[str, Any]:
     """EngineConfig's CUDA-graph fields from the options ``cuda_graphs`` (every graph, true) and
-    ``prefill_graphs`` (one prompt's prefill, true)."""
+    ``prefill_graphs`` (prefills of short prompts, true)."""
     out: dict[str, Any] = {"cuda_graphs": flag_option(options, "cuda_graphs", True)}
     if not flag_option(options, "prefill_graphs", True):
         out["cuda_graph_prefill_tokens"] = ()

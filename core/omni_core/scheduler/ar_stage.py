@@ -11,7 +11,7 @@ layer stack):
 - ``compute_logits(hidden [N, H]) -> [N, V]``
 - ``kv_cache_spec`` (``KVCacheSpec(num_layers, num_kv_heads, head_dim)``), ``hidden_size``,
   optional ``supports_cuda_graphs`` (True only if forward depends on nothing but its tensors:
-  decode and one prompt's prefill then run in CUDA graphs), and optional
+  decode and short prefills then run in CUDA graphs), and optional
   ``reads_extras_in_prefill(extras) -> bool`` where a prefill with some extras reads more (that
   step runs eagerly).
 """

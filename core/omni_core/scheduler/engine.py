@@ -24,6 +24,7 @@ from omni_core.scheduler.sequence import Sequence
 
 DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 DEFAULT_PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
+DEFAULT_PREFILL_GRAPH_BATCHES = (1, 4, 8, 16, 32)
 
 
 @dataclass
@@ -45,9 +46,10 @@ class EngineConfig:
     cuda_graphs: bool = True
     cuda_graph_sizes: tuple[int, ...] = DEFAULT_CUDA_GRAPH_SIZES
     cuda_graph_kv_lens: tuple[int, ...] = (256, 1024)  # graph variants by context length (plus max_model_len)
-    # padded token counts of one prompt's prefill graphs (ModelRunner, scheduler/prefill_graphs.py),
-    # for contexts up to the largest of cuda_graph_kv_lens; () prefills eagerly
+    # prefill graphs (ModelRunner, scheduler/prefill_graphs.py): padded tokens a prompt and padded
+    # prompts a step, for contexts up to the largest of cuda_graph_kv_lens; () prefills eagerly
     cuda_graph_prefill_tokens: tuple[int, ...] = DEFAULT_PREFILL_GRAPH_TOKENS
+    cuda_graph_prefill_batches: tuple[int, ...] = DEFAULT_PREFILL_GRAPH_BATCHES
     eos_token_ids: tuple[int, ...] = ()
     attention_backend: Any = None
     # launch each decode step before the previous one's tokens reach the host (see AREngine.step);
@@ -128,8 +130,9 @@ class AREngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         graph_sizes = tuple(s for s in config.cuda_graph_sizes if s <= config.max_num_seqs) if config.cuda_graphs else ()
         prefill_sizes = tuple(s for s in config.cuda_graph_prefill_tokens if s <= config.max_num_batched_tokens) if config.cuda_graphs else ()
+        prefill_batches = tuple(b for b in config.cuda_graph_prefill_batches if b <= config.max_num_seqs)
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype, self.hooks, config.attention_backend, self.max_model_len,
-                                  graph_sizes, config.cuda_graph_kv_lens, prefill_sizes)
+                                  graph_sizes, config.cuda_graph_kv_lens, prefill_sizes, prefill_batches)
         # only a model whose forward reads nothing but its tensors (as in a graph) runs without a request
         if config.warm_up_prefill and self.platform.accelerator and getattr(model, "supports_cuda_graphs", False):
             self.runner.warm_up_prefill(config.max_num_batched_tokens)

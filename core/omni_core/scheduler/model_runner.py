@@ -63,7 +63,7 @@ class LaunchedStep:
 
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype, hooks: dict[str, Any], backend=None, max_model_len: int = 4096, cuda_graph_sizes: tuple[int, ...] = (), cuda_graph_kv_lens: tuple[int, ...] = (),
-                 prefill_graph_tokens: tuple[int, ...] = ()):
+                 prefill_graph_tokens: tuple[int, ...] = (), prefill_graph_batches: tuple[int, ...] = (1,)):
         self.model = model
         self.device = device
         self.platform = platform_for(device)
@@ -100,9 +100,11 @@ class ModelRunner:
         kv_widths = {min(self.max_blocks_per_seq, -(-t // block_size)) for t in cuda_graph_kv_lens}
         if cuda_graph_sizes and graphs:
             self._capture_graphs(sorted(set(cuda_graph_sizes)), sorted(kv_widths | {self.max_blocks_per_seq}))
-        # one short prompt's prefill (scheduler/prefill_graphs.py); longer contexts than the
+        # prefills of short prompts (scheduler/prefill_graphs.py); longer contexts than the
         # graphs' widths prefill eagerly (a padded mask over the whole context grows with it)
-        self.prefill_graphs = PrefillGraphs(self, sorted(set(prefill_graph_tokens)), sorted(kv_widths)) if prefill_graph_tokens and kv_widths and graphs else None
+        self.prefill_graphs = None
+        if prefill_graph_tokens and prefill_graph_batches and kv_widths and graphs:
+            self.prefill_graphs = PrefillGraphs(self, sorted(set(prefill_graph_batches)), sorted(set(prefill_graph_tokens)), sorted(kv_widths))
 
     @torch.inference_mode()
     def warm_up_prefill(self, token_budget: int) -> None:
@@ -285,10 +287,8 @@ class ModelRunner:
             hidden_last, logits, greedy = self._replay(graph_key, batch.input_embeds, len(seqs))
             captured = {}
         elif prefill_key is not None:
-            hidden_last, logits = self.prefill_graphs.replay(prefill_key, batch.input_embeds)
+            hidden_last, logits = self.prefill_graphs.replay(prefill_key, batch.input_embeds, len(sample_index))
             captured = {}
-            if not sample_index:  # a first chunk of a longer prompt: nothing to sample
-                hidden_last = logits = None
         else:
             ctx = ForwardContext(meta, self.backend, self.kv_caches, is_prefill, extras, query_lens, capture)
             self.backend.prepare(meta)

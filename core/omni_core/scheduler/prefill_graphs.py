@@ -1,20 +1,25 @@
-"""CUDA graphs for the prefill of one short prompt.
+"""CUDA graphs for prefill steps of short prompts.
 
-An eager prefill of a short prompt is bound by kernel launches, not arithmetic: a 48-layer MoE
-model launches well over a thousand kernels for 60 tokens (50-190 ms on an H100 where its decode
-step takes 4 ms in a graph), and at one stream two such prefills (Qwen3-Omni's thinker, then its
-talker) are most of the time to first audio. Here a step that prefills one sequence replays a
-graph captured for a padded token count and a KV width.
+An eager prefill of short prompts is bound by kernel launches (and, with several stage threads in
+one process, by the Python that issues them), not arithmetic: a 48-layer MoE model launches well
+over a thousand kernels for 60 tokens (50-190 ms on an H100 where its decode step takes 4 ms in a
+graph, 11-15 ms in one of these graphs). At one stream two such prefills (Qwen3-Omni's thinker,
+then its talker) were most of the time to first audio; under a burst, the steps that prefill
+several prompts at once.
 
-A step qualifies when it holds one sequence, its rotary positions are its cache positions, it
-returns no hidden layers, its context fits a captured width, and the model reads nothing but
-its tensors for it (``supports_cuda_graphs``, and ``reads_extras_in_prefill(extras)`` false where
-the model defines it). The prompt may continue a cached prefix or an earlier chunk: attention
-runs SDPA's padded path (keys gathered from the block table up to the graph's width, the causal
-mask built from the step's lengths on the device), which has static shapes. Padded rows follow
-the prompt's, so the causal mask keeps them out of its rows; their keys and values go to the
-scratch slot and their outputs are dropped. The step's embeddings are looked up outside the graph
-(prompt embeddings and ``before_prefill`` hooks may replace them) and copied in.
+A graph is captured per (sequences, tokens a sequence, KV width in blocks): a step's sequences
+are padded to the first, each sequence's tokens to the second, so the step's rows are the padded
+layout ``[sequences x tokens]`` of SDPA's padded path (keys gathered from each block table up to
+the graph's width, the causal mask built on the device from the step's lengths), whose shapes do
+not depend on them. A sequence's padded rows follow its own, so the causal mask keeps them out of
+its rows; padded rows and padded sequences write the scratch slot, and their outputs are dropped.
+Prompts may continue a cached prefix or an earlier chunk.
+
+A step qualifies when its sequences' rotary positions are their cache positions, it returns no
+hidden layers, every context fits a captured width, and the model reads nothing but its tensors
+for it (``supports_cuda_graphs``, and ``reads_extras_in_prefill(extras)`` false where the model
+defines it). The step's embeddings are looked up outside the graph (prompt embeddings and
+``before_prefill`` hooks may replace them) and gathered into the padded layout.
 """
 
 from __future__ import annotations
@@ -29,118 +34,144 @@ from omni_core.models.attention import AttentionMetadata, ForwardContext
 from omni_core.scheduler.graph_capture import capture_cuda_graph
 from omni_core.scheduler.sequence import Sequence
 
+# padded rows a graph holds at most (sequences x tokens): larger steps are arithmetic-bound
+MAX_PADDED_TOKENS = 4096
+
 
 class PrefillGraphs:
-    """Graphs keyed by (padded tokens, KV width in blocks), captured for a ModelRunner."""
+    """Graphs keyed by (sequences, tokens a sequence, KV width in blocks), for a ModelRunner."""
 
-    def __init__(self, runner, sizes: list[int], widths: list[int], capture: Callable = capture_cuda_graph):
+    def __init__(self, runner, batches: list[int], sizes: list[int], widths: list[int], capture: Callable = capture_cuda_graph):
         # capture(step, device, pool) -> (graph with replay() and pool(), step's outputs)
         self.runner = runner
         self.capture_graph = capture
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, dict[str, Any]]] = {}
+        self.graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, dict[str, Any]]] = {}
         self.replays = 0  # steps that ran in a graph
         bs = runner.block_size
-        shapes = sorted(((s, w) for s in sizes for w in widths if s <= w * bs), reverse=True)
-        self._capture(shapes)
+        shapes = [(b, s, w) for b in batches for s in sizes for w in widths if s <= w * bs and b * s <= MAX_PADDED_TOKENS]
+        self._capture(sorted(shapes, key=lambda k: (k[0] * k[1], k), reverse=True))
 
-    def key(self, seqs: list[Sequence], capture: frozenset[int]) -> tuple[int, int] | None:
+    def key(self, seqs: list[Sequence], capture: frozenset[int]) -> tuple[int, int, int] | None:
         """The graph a prefill step of ``seqs`` replays, or None (it runs eagerly)."""
-        if len(seqs) != 1 or capture or not self.graphs:
-            return None
-        seq = seqs[0]
-        if seq.rope_positions is not None or seq.rope_delta:
+        if capture or not self.graphs or any(s.rope_positions is not None or s.rope_delta for s in seqs):
             return None
         check = getattr(self.runner.model, "reads_extras_in_prefill", None)
-        if check is not None and check([seq.extras]):
+        if check is not None and check([s.extras for s in seqs]):
             return None
-        n = seq.num_scheduled_tokens
-        width = -(-(seq.num_computed_tokens + n) // self.runner.block_size)
-        fits = [k for k in self.graphs if k[0] >= n and k[1] >= width]
-        return min(fits) if fits else None
+        n = max(s.num_scheduled_tokens for s in seqs)
+        width = max(-(-(s.num_computed_tokens + s.num_scheduled_tokens) // self.runner.block_size) for s in seqs)
+        fits = [k for k in self.graphs if k[0] >= len(seqs) and k[1] >= n and k[2] >= width]
+        return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
 
-    def prepare(self, seqs: list[Sequence], key: tuple[int, int]):
-        """The step's integers into the graph's inputs in one copy; returns (ids, positions,
-        embeddings, query lengths) as the eager path's ``_prepare`` does."""
+    def prepare(self, seqs: list[Sequence], key: tuple[int, int, int]):
+        """The step's integers into the graph's inputs in one copy, and its embeddings looked up;
+        returns (ids, positions, embeddings, query lengths) packed, as the eager ``_prepare``."""
         runner = self.runner
         _, st = self.graphs[key]
-        size, width = key
-        seq = seqs[0]
-        bs = runner.block_size
-        start, n = seq.num_computed_tokens, seq.num_scheduled_tokens
-        context = start + n
-        positions = list(range(start, context))
-        slots = [seq.block_table[p // bs] * bs + p % bs for p in positions]
-        pad = size - n
-        # a chunked prompt holds blocks for its whole length: the graph reads those of its context
-        table = seq.block_table[:width] + [0] * (width - len(seq.block_table))
-        # padding rows: token 0, position 0, the scratch slot
-        host = torch.tensor(seq.token_ids[start:context] + [0] * pad + positions + [0] * pad + slots + [runner.scratch_slot] * pad
-                            + [n - 1, context, n] + table, dtype=torch.int64)
+        batch, size, width = key
+        bs, scratch = runner.block_size, runner.scratch_slot
+        rows = batch * size
+        ids, positions, slots = [0] * rows, [0] * rows, [scratch] * rows
+        source = [0] * rows  # each padded row's packed row (padding: the first)
+        last = [0] * batch  # the last row of each sequence that samples, in batch order
+        context_lens, query_lens, tables = [1] * batch, [1] * batch, [0] * (batch * width)
+        packed_ids: list[int] = []
+        packed_positions: list[int] = []
+        sampled = 0
+        for b, seq in enumerate(seqs):
+            start, n = seq.num_computed_tokens, seq.num_scheduled_tokens
+            context = start + n
+            row = b * size
+            for i, p in enumerate(range(start, context)):
+                ids[row + i], positions[row + i] = seq.token_ids[p], p
+                slots[row + i] = seq.block_table[p // bs] * bs + p % bs
+                source[row + i] = len(packed_ids) + i
+            packed_ids += seq.token_ids[start:context]
+            packed_positions += range(start, context)
+            if context == len(seq):
+                last[sampled] = row + n - 1
+                sampled += 1
+            context_lens[b], query_lens[b] = context, n
+            # a chunked prompt holds blocks for its whole length: the graph reads those of its context
+            table = seq.block_table[:width]
+            tables[b * width : b * width + len(table)] = table
+        host = torch.tensor(ids + positions + slots + source + last + context_lens + query_lens + tables, dtype=torch.int64)
         if runner.platform.accelerator:  # pinned: the copy queues behind the stream's work instead of waiting for it
             host = host.pin_memory()
         st["index"].copy_(host, non_blocking=True)
-        ids = st["ids"][:n]
-        embeds = runner.model.embed(ids)
+        total = len(packed_ids)
+        # the packed ids and positions the hooks and the lookup see
+        packed = torch.tensor(packed_ids + packed_positions, dtype=torch.int64)
+        if runner.platform.accelerator:
+            packed = packed.pin_memory()
+        packed = packed.to(runner.device, non_blocking=True)
+        ids_t, positions_t = packed[:total], packed[total:]
+        embeds = runner.model.embed(ids_t)
         runner._insert_prompt_embeds(seqs, embeds)
-        return ids, st["positions"][:n], embeds, [n]
+        return ids_t, positions_t, embeds, [s.num_scheduled_tokens for s in seqs]
 
-    def replay(self, key: tuple[int, int], embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Runs graph ``key`` on the step's embeddings; returns the last row's hidden state and
-        logits (graph memory: the next replay overwrites them, after this step's work on the
-        stream has read them)."""
+    def replay(self, key: tuple[int, int, int], embeds: torch.Tensor, sampled: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Runs graph ``key`` on the step's packed embeddings; returns the last row's hidden state
+        and logits of each of the ``sampled`` sequences that finish their prompt (graph memory:
+        the next replay overwrites them, after this step's work on the stream has read them)."""
         graph, st = self.graphs[key]
-        st["embeds"][: embeds.shape[0]].copy_(embeds)
+        torch.index_select(embeds, 0, st["source"], out=st["embeds"])
         graph.replay()
         self.replays += 1
-        return st["last_hidden"], st["logits"]
+        return st["last_hidden"][:sampled], st["logits"][:sampled]
 
-    def _static_inputs(self, size: int, width: int) -> dict[str, Any]:
-        """A graph's inputs; the integers are views of one buffer: ids, positions, slots (``size``
-        each), then the last row, the context and query lengths, then the block table."""
+    def _static_inputs(self, batch: int, size: int, width: int) -> dict[str, Any]:
+        """A graph's inputs; the integers are views of one buffer: ids, positions, slots and
+        source rows (a row each), then the last rows, context and query lengths (a sequence
+        each), then the block tables."""
         runner = self.runner
         dev = runner.device
-        index = torch.zeros(3 * size + 3 + width, dtype=torch.int64, device=dev)
-        ids, positions, slots = index[: 3 * size].view(3, size).unbind(0)
+        rows = batch * size
+        index = torch.zeros(4 * rows + 3 * batch + batch * width, dtype=torch.int64, device=dev)
+        ids, positions, slots, source = index[: 4 * rows].view(4, rows).unbind(0)
+        last, context_lens, query_lens = index[4 * rows : 4 * rows + 3 * batch].view(3, batch).unbind(0)
         slots.fill_(runner.scratch_slot)
-        index[3 * size + 1 : 3 * size + 3] = 1  # context and query lengths
+        context_lens.fill_(1)
+        query_lens.fill_(1)
+        padded = torch.arange(rows, device=dev)
         meta = AttentionMetadata(
             slot_mapping=slots,
-            block_tables=index[3 * size + 3 :].view(1, width),
-            context_lens=index[3 * size + 1 : 3 * size + 2],
-            query_lens=index[3 * size + 2 : 3 * size + 3],
+            block_tables=index[4 * rows + 3 * batch :].view(batch, width),
+            context_lens=context_lens,
+            query_lens=query_lens,
             max_query_len=size,
             block_size=runner.block_size,
-            # one sequence: every padded row is its packed row; no host lengths, so the backend
-            # takes SDPA's padded path, whose shapes do not depend on them
-            padded_index=torch.arange(size, device=dev),
-            packed_index=torch.arange(size, device=dev),
+            # the rows are the padded layout already; no host lengths, so the backend takes
+            # SDPA's padded path, whose shapes do not depend on them
+            padded_index=padded,
+            packed_index=padded,
         )
         return {
             "index": index,
-            "ids": ids,
             "positions": positions,
-            "last": index[3 * size : 3 * size + 1],
-            "embeds": torch.zeros(size, runner.model.hidden_size, dtype=runner.dtype, device=dev),
+            "source": source,
+            "last": last,
+            "embeds": torch.zeros(rows, runner.model.hidden_size, dtype=runner.dtype, device=dev),
             "meta": meta,
         }
 
     @torch.inference_mode()
-    def _capture(self, shapes: list[tuple[int, int]]) -> None:
+    def _capture(self, shapes: list[tuple[int, int, int]]) -> None:
         runner = self.runner
         pool = None  # their own pool: decode graphs' outputs may still be read while these replay
-        for size, width in progress.each(shapes, "capturing prefill graphs (tokens x KV widths)"):
-            st = self._static_inputs(size, width)
+        for batch, size, width in progress.each(shapes, "capturing prefill graphs (sequences x tokens x KV widths)"):
+            st = self._static_inputs(batch, size, width)
 
-            def step(st=st, size=size):  # bound now: captured within this iteration
+            def step(st=st, batch=batch, size=size):  # bound now: captured within this iteration
                 meta = st["meta"]
                 meta.cache.clear()
                 runner.backend.prepare(meta)
-                ctx = ForwardContext(meta, runner.backend, runner.kv_caches, True, [{}], [size])
+                ctx = ForwardContext(meta, runner.backend, runner.kv_caches, True, [{}] * batch, [size] * batch)
                 hidden = runner.model(st["embeds"], st["positions"], ctx)
                 last = hidden.index_select(0, st["last"])
                 return last, runner.model.compute_logits(last)
 
             graph, (st["last_hidden"], st["logits"]) = self.capture_graph(step, runner.device, pool)
             pool = graph.pool()
-            self.graphs[(size, width)] = (graph, st)
+            self.graphs[(batch, size, width)] = (graph, st)
         runner.platform.synchronize(runner.device)

@@ -10,7 +10,7 @@ OPTIONS = {
     "max_model_len": "prompt + reply tokens (32768, or the model's limit)",
     "kv_cache_bytes": "the thinker's KV-cache budget (half the free GPU memory, 1 GiB on CPU)",
     "max_num_batched_tokens": "tokens of a prefill step; longer prompts are prefilled in chunks (8192)",
-    "cuda_graphs": "decode steps and one prompt's prefill in CUDA graphs on CUDA (true)",
+    "cuda_graphs": "decode steps and short prefills in CUDA graphs on CUDA (true)",
     "prefill_graphs": PREFILL_GRAPHS_HELP,
     "prefix_caching": "reuse the KV of shared prompt prefixes (true)",
     "max_audios": "audio parts a request may hold (8)",
