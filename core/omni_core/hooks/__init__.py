@@ -6,6 +6,7 @@ from omni_core.hooks.manager import PluginManager, PluginRecord, UnknownNameErro
 from omni_core.hooks.options import (
     PREFILL_GRAPHS_HELP,
     check_option_names,
+    choice_option,
     engine_graph_options,
     flag_option,
     number_option,
@@ -32,6 +33,7 @@ __all__ = [
     "hookspec",
     "check_option_names",
     "flag_option",
+    "choice_option",
     "engine_graph_options",
     "PREFILL_GRAPHS_HELP",
     "number_option",

@@ -39,6 +39,15 @@ def flag_option(options: dict[str, Any], name: str, default: bool) -> bool:
     raise ValueError(f"option {name}={raw!r}: expected true or false")
 
 
+def choice_option(options: dict[str, Any], name: str, choices: tuple[str, ...]) -> str:
+    """``options[name]`` (else the first of ``choices``, the default), one of ``choices`` (any case)."""
+    raw = options.get(name, choices[0])
+    value = str(raw).strip().lower()
+    if value not in choices:
+        raise ValueError(f"option {name}={raw!r}: expected {' or '.join(repr(c) for c in choices)}")
+    return value
+
+
 PREFILL_GRAPHS_HELP = "on CUDA, prefills of short prompts in CUDA graphs (true; cuda_graphs=false turns them off too)"
 
 

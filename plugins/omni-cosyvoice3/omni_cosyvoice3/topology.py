@@ -10,7 +10,13 @@ import functools
 from pathlib import Path
 
 import torch
-from omni_core.hooks import engine_graph_options, flag_option, number_option, warn_random_weights
+from omni_core.hooks import (
+    choice_option,
+    engine_graph_options,
+    flag_option,
+    number_option,
+    warn_random_weights,
+)
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.platforms import platform_for
 from omni_core.scheduler.engine import EngineConfig
@@ -68,22 +74,6 @@ def llm_factory(
     )
     model = model.to(device=context.device, dtype=_dtype(dtype))
     return SpeechTokenWorker(model, config, block_all_stops)
-
-
-def _min_length_blocks(options: dict) -> str:
-    """``min_length_blocks``: ``reference`` (6561 alone, as the reference's sampling) or ``all``."""
-    value = str(options.get("min_length_blocks", "reference"))
-    if value not in ("reference", "all"):
-        raise ValueError(f"option min_length_blocks={value!r}: expected 'reference' or 'all'")
-    return value
-
-
-def _flow_last_call(options: dict) -> str:
-    """``flow_last_call``: ``full`` (the reference's last call, over all frames) or ``masked``."""
-    value = str(options.get("flow_last_call", "full"))
-    if value not in ("full", "masked"):
-        raise ValueError(f"option flow_last_call={value!r}: expected 'full' or 'masked'")
-    return value
 
 
 def _graph_plan(options: dict, prefix: str, max_batch: int) -> dict | None:
@@ -153,9 +143,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
     for name in (dtype, llm_dtype, hift_dtype):
         _dtype(name)
     max_batch = int(options.get("max_batch", 32))
-    schedule = str(options.get("schedule", "arrival")).strip().lower()
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
+    schedule = choice_option(options, "schedule", SCHEDULES)
     flow_graphs, hift_graphs = (
         _graph_plan(options, "flow", max_batch),
         _graph_plan(options, "hift", max_batch),
@@ -190,7 +178,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                         float(options.get("max_token_text_ratio", 20.0)),
                     ),
                     overlap_decode=flag_option(options, "llm_overlap_decode", False),
-                    block_all_stops=_min_length_blocks(options) == "all",
+                    block_all_stops=choice_option(options, "min_length_blocks", ("reference", "all")) == "all",
                 ),
                 ("in",),
                 ("tokens",),
@@ -207,7 +195,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     graphs=flow_graphs,
                     cache_bytes=number_option(options, "flow_cache_bytes", 0, allow_zero=True),
                     schedule=schedule,
-                    masked_last=_flow_last_call(options) == "masked",
+                    masked_last=choice_option(options, "flow_last_call", ("full", "masked")) == "masked",
                     cache_graphs=flag_option(options, "flow_cache_graphs", False),
                 ),
                 ("cond", "tokens"),

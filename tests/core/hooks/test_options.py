@@ -4,7 +4,7 @@ loop forever fails the build with a message naming the option."""
 from __future__ import annotations
 
 import pytest
-from omni_core.hooks import engine_graph_options, flag_option, number_option
+from omni_core.hooks import choice_option, engine_graph_options, flag_option, number_option
 
 
 @pytest.mark.parametrize("raw", [0, -3, "x", True, 2.5, float("nan"), float("inf"), None])
@@ -29,6 +29,13 @@ def test_a_flag_is_plainly_true_or_false():
     for raw in ("maybe", "2", "", None):
         with pytest.raises(ValueError, match=r"option f=.*: expected true or false"):
             flag_option({"f": raw}, "f", False)
+
+
+def test_a_choice_is_one_of_its_values_the_first_by_default():
+    assert choice_option({}, "schedule", ("arrival", "deadline")) == "arrival"
+    assert choice_option({"schedule": " Deadline "}, "schedule", ("arrival", "deadline")) == "deadline"
+    with pytest.raises(ValueError, match=r"option schedule='soon': expected 'arrival' or 'deadline'"):
+        choice_option({"schedule": "soon"}, "schedule", ("arrival", "deadline"))
 
 
 def test_graph_options_become_engine_config_fields():
