@@ -1,7 +1,8 @@
 """A session's audio input: the ``input_audio_buffer.*`` client events, the buffer they fill and
 server VAD cutting it into turns. Transcription and conversation sessions both take audio this
 way; what a committed turn becomes (a transcript, a user message) is theirs to say, through
-``on_turn``, and a turn starting (barge-in) through ``on_speech_started``.
+``on_turn``, and a turn starting (barge-in) through ``on_speech_started``. A committed turn is
+the conversation's new last item (the session's ``previous_item``).
 
 The client streams pcm16 audio (``input_audio_buffer.append``); turns are committed by server
 VAD (Silero, ``turns.py``) or by the client (``input_audio_buffer.commit``). Each committed turn
@@ -31,23 +32,22 @@ async def _nothing(*_) -> None:
 
 
 class AudioInput:
-    """``send`` writes a server event; ``on_turn(item, samples, by_vad)`` takes each committed
-    turn (16 kHz float32); ``on_speech_started(item)`` hears server VAD open one."""
+    """The audio of ``session`` (its settings have ``rate`` and ``turn_detection``, a ServerVad or
+    None); ``on_turn(item, samples, by_vad)`` takes each committed turn (16 kHz float32);
+    ``on_speech_started(item)`` hears server VAD open one."""
 
     def __init__(
         self,
-        send: Callable[..., Awaitable[None]],
-        config,
-        max_seconds: float,
+        session,
         on_turn: Callable[[str, np.ndarray, bool], Awaitable[None]],
         on_speech_started: Callable[[str], Awaitable[None]] = _nothing,
     ):
-        self.send = send
-        self.config = config  # anything with ``rate`` and ``turn_detection`` (a ServerVad or None)
-        self.buffer = InputAudioBuffer(config.rate, max_seconds)
+        self.session = session
+        self.send = session.send
+        config = session.config
+        self.buffer = InputAudioBuffer(config.rate, session.state.config.limits.max_audio_seconds)
         self.detector = TurnDetector(config.turn_detection) if config.turn_detection else None
         self.speech_item: str | None = None  # the item of the turn server VAD has open
-        self.previous_item: str | None = None
         self.on_turn = on_turn
         self.on_speech_started = on_speech_started
 
@@ -58,21 +58,16 @@ class AudioInput:
             "input_audio_buffer.clear": self._clear,
         }
 
-    @staticmethod
-    def check_vad(config) -> None:
-        """Refuses server VAD where the realtime extra is missing (before a session takes it)."""
-        if config.turn_detection is None:
-            return
-        try:
-            vad.load()
-        except vad.VadUnavailable as exc:
-            raise APIError(
-                400, str(exc), param="session.audio.input.turn_detection", code="vad_unavailable"
-            ) from None
-
     def configure(self, config) -> None:
-        """Takes a session's updated settings (already checked with ``check_vad``)."""
-        self.config = config
+        """Takes a session's updated settings; server VAD where the realtime extra is missing is
+        refused first (``APIError``), nothing changed."""
+        if self.detector is None and config.turn_detection is not None:
+            try:
+                vad.load()
+            except vad.VadUnavailable as exc:
+                raise APIError(
+                    400, str(exc), param="session.audio.input.turn_detection", code="vad_unavailable"
+                ) from None
         self.buffer.set_rate(config.rate)
         if config.turn_detection is None:
             self.detector = None
@@ -111,7 +106,7 @@ class AudioInput:
             elif self.speech_item is not None:
                 await self._speech_stopped(boundary.sample)
         if self.speech_item is None:  # between turns: keep what the next one's padding may need
-            padding = self.config.turn_detection.prefix_padding_ms * RATE // 1000
+            padding = self.session.config.turn_detection.prefix_padding_ms * RATE // 1000
             self.buffer.drop_before(self.detector.windows * WINDOW - padding)
 
     async def _speech_stopped(self, end: int) -> None:
@@ -139,7 +134,8 @@ class AudioInput:
         await self._committed(item, self.buffer.take(), by_vad=False)
 
     async def _committed(self, item: str, samples: np.ndarray, by_vad: bool) -> None:
-        await self.send("input_audio_buffer.committed", item_id=item, previous_item_id=self.previous_item)
+        previous = self.session.previous_item
+        await self.send("input_audio_buffer.committed", item_id=item, previous_item_id=previous)
         # the user message the turn becomes, as OpenAI's API adds it to the conversation (its
         # transcript, where there is one, comes with the transcription events)
         message = {
@@ -150,9 +146,9 @@ class AudioInput:
             "role": "user",
             "content": [{"type": "input_audio", "transcript": None}],
         }
-        await self.send("conversation.item.added", previous_item_id=self.previous_item, item=message)
-        await self.send("conversation.item.done", previous_item_id=self.previous_item, item=message)
-        self.previous_item = item
+        await self.send("conversation.item.added", previous_item_id=previous, item=message)
+        await self.send("conversation.item.done", previous_item_id=previous, item=message)
+        self.session.previous_item = item
         await self.on_turn(item, samples, by_vad)
 
     async def _clear(self, event: dict) -> None:

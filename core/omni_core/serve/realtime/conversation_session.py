@@ -37,16 +37,13 @@ class ConversationSession(RespondingSession):
     def __init__(self, socket, config):
         super().__init__(socket, config)
         self.items: list[Item] = []
-        self.audio = AudioInput(
-            self.send, config, self.state.config.limits.max_audio_seconds, self._turn, self._speech_started
-        )
+        self.audio = AudioInput(self, self._turn, self._speech_started)
 
     def handlers(self) -> dict:
         return {**super().handlers(), **self.audio.handlers(), "conversation.item.create": self._item_create}
 
     def configured(self, config) -> None:
-        if self.audio.detector is None:
-            AudioInput.check_vad(config)
+        super().configured(config)
         self.audio.configure(config)
         self._forget_old(config)
 
@@ -83,7 +80,7 @@ class ConversationSession(RespondingSession):
         self.items.insert(position, item)
         previous = self.items[position - 1].id if position else None
         if position == len(self.items) - 1:
-            self.previous_item = self.audio.previous_item = item.id
+            self.previous_item = item.id
         self._forget_old()
         return previous
 
@@ -101,10 +98,9 @@ class ConversationSession(RespondingSession):
         await self.send("conversation.item.done", previous_item_id=previous, item=item.describe())
 
     async def _turn(self, item_id: str, samples: np.ndarray, by_vad: bool) -> None:
-        # AudioInput has announced the item: it joins the conversation as the user's audio
+        # AudioInput has announced the item (now the last): it joins the conversation as the user's audio
         described = [{"type": "input_audio", "transcript": None}]
         self.items.append(Item(item_id, "user", [audio_part(samples)], described))
-        self.previous_item = item_id
         self._forget_old()
         vad = self.config.turn_detection
         if by_vad and vad is not None and vad.create_response:
@@ -139,9 +135,6 @@ class ConversationSession(RespondingSession):
                 items.append(read_item(value, where, self.config.rate, limits, chat_text_chars(limits)))
         return items
 
-    async def started(self, response: Response, items: list[Item] | None) -> None:
-        self.audio.previous_item = self.previous_item  # the response's item: the next turn follows it
-
     def inputs(self, omni, response: Response, items: list[Item] | None) -> dict:
         items = list(self.items) if items is None else items
         messages = [item.message() for item in items if item.parts]
@@ -160,9 +153,3 @@ class ConversationSession(RespondingSession):
             self.items.append(Item(response.item_id, "assistant", [{"type": "text", "text": response.text}],
                                    described, "completed" if status == "completed" else "incomplete"))
             self._forget_old()
-            return
-        # no words, no item: the next items follow the one the response followed
-        if self.previous_item == response.item_id:
-            self.previous_item = response.previous_item
-        if self.audio.previous_item == response.item_id:
-            self.audio.previous_item = response.previous_item

@@ -13,10 +13,14 @@ import asyncio
 import logging
 
 from omni_core.api import to_numpy
-from omni_core.pipeline import RequestFailed
 from omni_core.serve.errors import APIError
-from omni_core.serve.exceptions import InvalidInput
-from omni_core.serve.realtime.realtime_config import read_max_tokens, read_modalities, read_voice, updated
+from omni_core.serve.realtime.realtime_config import (
+    RealtimeConfig,
+    read_max_tokens,
+    read_modalities,
+    read_voice,
+    updated,
+)
 from omni_core.serve.realtime.responses import (
     CANCELLED_BY_CLIENT,
     Response,
@@ -24,7 +28,7 @@ from omni_core.serve.realtime.responses import (
 )
 from omni_core.serve.realtime.session import RealtimeSession
 from omni_core.serve.realtime.session_config import as_object, refuse
-from omni_core.serve.realtime.sockets import error_event_of
+from omni_core.serve.realtime.sockets import REQUEST_ERRORS, error_event_of
 from omni_core.serve.streaming import drained
 from omni_core.surface.audio_codecs import StreamEncoder
 
@@ -37,14 +41,13 @@ class RespondingSession(RealtimeSession):
         self.pending: asyncio.Queue = asyncio.Queue()  # (Response, plan) waiting to run
         self.queued: list[Response] = []
         self.current: Response | None = None
-        self.previous_item: str | None = None  # the conversation's last item
 
     def busy(self) -> bool:
         return self.current is not None or bool(self.queued)
 
     def handlers(self) -> dict:
         return {
-            "session.update": self._session_update,
+            **super().handlers(),
             "response.create": self._response_create,
             "response.cancel": self._response_cancel,
         }
@@ -65,22 +68,18 @@ class RespondingSession(RealtimeSession):
     def finished(self, response: Response, plan, status: str) -> None:
         """Called once the response has ended, however."""
 
-    def configured(self, config) -> None:
-        """Called with the settings a ``session.update`` made, before ``session.updated``."""
-
     # -- client events --------------------------------------------------------------------------
 
     def check_voice(self, voice: str | None, param: str) -> None:
         if voice is not None:
             self.state.ready_omni().resolve_voice(voice, param)  # unknown: InvalidInput, unknown_voice
 
-    async def _session_update(self, event: dict) -> None:
-        config = updated(self.config, event.get("session"))
+    def updated(self, session) -> RealtimeConfig:
+        return updated(self.config, session)
+
+    def configured(self, config: RealtimeConfig) -> None:
         if config.voice != self.config.voice:
             self.check_voice(config.voice, "session.audio.output.voice")
-        self.configured(config)
-        self.config = config
-        await self.send("session.updated", session=config.describe(self.session_id))
 
     async def _response_create(self, event: dict) -> None:
         if self.current is not None or self.queued:
@@ -152,52 +151,58 @@ class RespondingSession(RealtimeSession):
             self.current = response
             if response in self.queued:
                 self.queued.remove(response)
+            previous = self.previous_item
+            if response.in_conversation:
+                self.previous_item = response.item_id
             status = "failed"
             try:
-                status = await self._run(response, plan)
+                status = await self._run(response, plan, previous)
             finally:
                 self.current = None
                 self.finished(response, plan, status)
+                # no words, no item: the next items follow the one the response followed
+                if response.in_conversation and not response.text and self.previous_item == response.item_id:
+                    self.previous_item = previous
 
-    async def _run(self, response: Response, plan) -> str:
-        previous = self.previous_item
-        if response.in_conversation:
-            self.previous_item = response.item_id
+    async def _run(self, response: Response, plan, previous: str | None) -> str:
         await response.begin(previous)
         await self.started(response, plan)
-        handle, final, details, status = None, {}, None, "completed"
+        final, details, status = {}, None, "completed"
         speech_usage: dict = {}  # a speech family's usage rides on its audio events
+
+        async def on_event(event) -> None:
+            nonlocal final
+            payload = event.payload
+            if event.name == "text":
+                if event.end:
+                    final = payload
+                elif payload.get("text"):
+                    await response.text_delta(payload["text"])
+            elif event.name == "audio":
+                speech_usage.update(payload.get("usage") or {})  # the latest is the whole
+                if "audio" in payload:
+                    await response.audio_delta(encoder.feed(to_numpy(payload["audio"])))
+
+        async def submitted(handle) -> None:
+            response.handle = handle
+
         try:
             omni = self.state.ready_omni()
+            rate = response.output_rate
+            encoder = StreamEncoder("pcm", omni.sample_rate or rate, out_rate=rate)
+            handle = await self.socket.run_request(
+                omni, lambda: self.inputs(omni, response, plan), on_event,
+                wanted=lambda: response.cancelled is None, on_submit=submitted,
+            )
             if response.cancelled is None:
-                inputs = await asyncio.to_thread(self.inputs, omni, response, plan)
-            if response.cancelled is None:
-                handle = self.socket.track(omni.submit(inputs, deadline=self.socket.deadline()))
-                response.handle = handle
-                audio = StreamEncoder("pcm", omni.sample_rate or response.output_rate, out_rate=response.output_rate)
-                async for event in handle:
-                    payload = event.payload
-                    if event.name == "text":
-                        if event.end:
-                            final = payload
-                        elif payload.get("text"):
-                            await response.text_delta(payload["text"])
-                    elif event.name == "audio":
-                        speech_usage.update(payload.get("usage") or {})  # the latest is the whole
-                        if "audio" in payload:
-                            await response.audio_delta(audio.feed(to_numpy(payload["audio"])))
-                if response.cancelled is None:
-                    await response.audio_delta(audio.close())
-                    if handle.aborted:  # stopped from outside: the server drains
-                        raise drained()
-        except (APIError, InvalidInput, RequestFailed) as exc:
+                await response.audio_delta(encoder.close())
+                if handle.aborted:  # stopped from outside: the server drains
+                    raise drained()
+        except REQUEST_ERRORS as exc:
             if response.cancelled is None:
                 error = error_event_of(exc)["error"]
                 status = "failed"
                 details = {"type": "failed", "error": {k: error[k] for k in ("type", "code", "message")}}
-        finally:
-            if handle is not None:
-                self.socket.done_with(handle)
         if response.cancelled is not None:
             status, details = "cancelled", {"type": "cancelled", "reason": response.cancelled}
         elif status == "completed" and final.get("finish_reason") == "length":

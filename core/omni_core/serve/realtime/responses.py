@@ -53,7 +53,6 @@ class Response:
         self.text = ""  # the text, or the audio's transcript, so far
         self.audio_bytes = 0
         self.handle = None  # the pipeline request, once submitted
-        self.previous_item: str | None = None  # the conversation's last item when it began
         self.cancelled: str | None = None  # why, once cancelled
         self.cancel_with = None  # aborts the handle (the socket's done_with: counts the abort)
 
@@ -95,7 +94,6 @@ class Response:
         }
 
     async def begin(self, previous_item: str | None) -> None:
-        self.previous_item = previous_item
         await self.send("response.created", response=self.resource("in_progress"))
         item = self.item("in_progress")
         await self.send("response.output_item.added", response_id=self.id, output_index=0, item=item)

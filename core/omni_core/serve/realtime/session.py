@@ -1,6 +1,7 @@
-"""What every /v1/realtime session shares: its id, server events with their ids, and the loop
-that reads client events and hands each to its handler (a message that is not an event, an
-unknown type and a refused event each get an ``error`` event; the socket stays open)."""
+"""What every /v1/realtime session shares: its id, server events with their ids, the
+conversation's last item (what the next item follows), ``session.update``, and the loop that
+reads client events and hands each to its handler (a message that is not an event, an unknown
+type and a refused event each get an ``error`` event; the socket stays open)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,25 @@ class RealtimeSession:
         self.state = socket.state
         self.config = config
         self.session_id = new_id("sess")
+        self.previous_item: str | None = None  # the conversation's last item
 
     def handlers(self) -> dict:
         """Client event type -> coroutine taking the event."""
+        return {"session.update": self._session_update}
+
+    def updated(self, session) -> object:
+        """The settings with a ``session.update``'s ``session`` applied (a new object)."""
         raise NotImplementedError
+
+    def configured(self, config) -> None:
+        """Takes the settings a ``session.update`` made, before they are the session's (refusing
+        them, ``APIError``, leaves every setting as it was)."""
+
+    async def _session_update(self, event: dict) -> None:
+        config = self.updated(event.get("session"))
+        self.configured(config)
+        self.config = config
+        await self.send("session.updated", session=config.describe(self.session_id))
 
     def busy(self) -> bool:
         """Whether work of the session runs (the idle timeout waits for it)."""

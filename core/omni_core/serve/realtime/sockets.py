@@ -37,6 +37,10 @@ class SocketClosed(Exception):
     """The client closed the socket (or it was closed for it)."""
 
 
+# what fails one request of a socket's: told to the client, and the socket stays open
+REQUEST_ERRORS = (APIError, InvalidInput, RequestFailed)
+
+
 def error_event(
     message: str,
     code: str,
@@ -136,6 +140,28 @@ class Socket:
     def track(self, handle: Any) -> Any:
         self.handles.add(handle)
         self.state.in_flight.add(handle)
+        return handle
+
+    async def run_request(self, omni, make_inputs, on_event, *, wanted=lambda: True, on_submit=None):
+        """Runs one request of the socket's (a sentence, a turn, a response): ``make_inputs()`` on
+        a worker thread, submitted to ``omni`` with the socket's deadline, ``on_submit(handle)``
+        and then ``on_event(event)`` for each of its events. Returns the handle once they end
+        (``handle.aborted``: stopped from outside), or None when ``wanted()`` turned false before
+        it was submitted. However it ends, the request is forgotten (aborted if it still runs);
+        what fails it (``REQUEST_ERRORS``) is the caller's to tell."""
+        if not wanted():
+            return None
+        inputs = await asyncio.to_thread(make_inputs)
+        if not wanted():
+            return None
+        handle = self.track(omni.submit(inputs, deadline=self.deadline()))
+        try:
+            if on_submit is not None:
+                await on_submit(handle)
+            async for event in handle:
+                await on_event(event)
+        finally:
+            self.done_with(handle)
         return handle
 
     def done_with(self, handle: Any) -> None:

@@ -28,12 +28,12 @@ from fastapi import APIRouter, WebSocket
 from pydantic import ValidationError
 
 from omni_core.api import to_numpy
-from omni_core.pipeline import RequestFailed
 from omni_core.serve.errors import APIError
 from omni_core.serve.exceptions import InvalidInput
 from omni_core.serve.protocol import SpeechRequest
 from omni_core.serve.realtime.sentences import SentenceCutter
 from omni_core.serve.realtime.sockets import (
+    REQUEST_ERRORS,
     Socket,
     error_event,
     error_event_of,
@@ -183,33 +183,35 @@ class SpeechStream:
         )
 
     async def _speak_one(self, index: int, sentence: str) -> None:
+        samples = 0
+
+        async def announce(handle) -> None:
+            await self.socket.send({"type": "sentence.start", "index": index, "text": sentence})
+
+        async def on_event(event) -> None:
+            nonlocal samples
+            if event.name == "audio" and "audio" in event.payload:
+                audio = to_numpy(event.payload["audio"])
+                samples += len(audio)
+                if data := encoder.feed(audio):
+                    await self.socket.send(data)
+
         try:
             omni = self.state.ready_omni()  # refuses once the server drains
-            inputs = await asyncio.to_thread(speech_inputs, omni, self.config, sentence, self.reference)
-        except (APIError, InvalidInput) as exc:
-            await self.socket.send({**error_event_of(exc), "index": index})
-            return
-        handle = self.socket.track(omni.submit(inputs, deadline=self.socket.deadline()))
-        encoder = StreamEncoder("pcm", omni.sample_rate)
-        samples = 0
-        try:
-            await self.socket.send({"type": "sentence.start", "index": index, "text": sentence})
-            async for event in handle:
-                if event.name == "audio" and "audio" in event.payload:
-                    audio = to_numpy(event.payload["audio"])
-                    samples += len(audio)
-                    if data := encoder.feed(audio):
-                        await self.socket.send(data)
+            encoder = StreamEncoder("pcm", omni.sample_rate)
+            handle = await self.socket.run_request(
+                omni,
+                lambda: speech_inputs(omni, self.config, sentence, self.reference),
+                on_event,
+                on_submit=announce,
+            )
             if tail := encoder.close():
                 await self.socket.send(tail)
-            if handle.aborted:  # a drain: the server is shutting down
-                raise drained()
-        except RequestFailed as exc:
+        except REQUEST_ERRORS as exc:
             await self.socket.send({**error_event_of(exc), "index": index})
             return
-        finally:
-            encoder.discard()
-            self.socket.done_with(handle)
+        if handle.aborted:  # a drain: the server is shutting down (the error ends the socket)
+            raise drained()
         seconds = samples / omni.sample_rate
         self.spoken += 1
         self.audio_seconds += seconds

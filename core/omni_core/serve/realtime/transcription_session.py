@@ -13,13 +13,10 @@ import asyncio
 
 import numpy as np
 
-from omni_core.pipeline import RequestFailed
-from omni_core.serve.errors import APIError
-from omni_core.serve.exceptions import InvalidInput
 from omni_core.serve.realtime.audio_input import AudioInput
 from omni_core.serve.realtime.session import RealtimeSession
-from omni_core.serve.realtime.session_config import updated
-from omni_core.serve.realtime.sockets import error_event_of
+from omni_core.serve.realtime.session_config import SessionConfig, updated
+from omni_core.serve.realtime.sockets import REQUEST_ERRORS, error_event_of
 from omni_core.serve.realtime.vad import RATE
 from omni_core.serve.streaming import drained
 
@@ -31,7 +28,7 @@ class TranscriptionSession(RealtimeSession):
 
     def __init__(self, socket, config):
         super().__init__(socket, config)
-        self.audio = AudioInput(self.send, config, self.state.config.limits.max_audio_seconds, self._turn)
+        self.audio = AudioInput(self, self._turn)
         # committed turns waiting to be transcribed: past the bound, taking more audio waits (the
         # socket is not read), so a client sending faster than real time cannot pile them up
         self.turns: asyncio.Queue = asyncio.Queue(maxsize=TURNS_WAITING)
@@ -41,15 +38,13 @@ class TranscriptionSession(RealtimeSession):
         return self.transcribing or not self.turns.empty()
 
     def handlers(self) -> dict:
-        return {"session.update": self._session_update, **self.audio.handlers()}
+        return {**super().handlers(), **self.audio.handlers()}
 
-    async def _session_update(self, event: dict) -> None:
-        config = updated(self.config, event.get("session"))
-        if self.audio.detector is None:
-            AudioInput.check_vad(config)
-        self.config = config
+    def updated(self, session) -> SessionConfig:
+        return updated(self.config, session)
+
+    def configured(self, config: SessionConfig) -> None:
         self.audio.configure(config)
-        await self.send("session.updated", session=config.describe(self.session_id))
 
     async def _turn(self, item: str, samples: np.ndarray, by_vad: bool) -> None:
         await self.turns.put((item, samples))
@@ -65,30 +60,33 @@ class TranscriptionSession(RealtimeSession):
                 self.transcribing = False
 
     async def _transcribe_one(self, item: str, samples: np.ndarray) -> None:
-        config = self.config
-        handle = None
+        language, prompt = self.config.language, self.config.prompt
+        text = ""
+
+        async def on_event(event) -> None:
+            nonlocal text
+            if event.name != "text":
+                return
+            if event.end:
+                text = event.payload.get("text", text)
+            elif delta := event.payload.get("text"):
+                await self.send(
+                    "conversation.item.input_audio_transcription.delta",
+                    item_id=item,
+                    content_index=0,
+                    delta=delta,
+                )
+
         try:
             omni = self.state.ready_omni()
-            inputs = await asyncio.to_thread(
-                omni.transcription_inputs, samples, RATE, language=config.language, prompt=config.prompt
+            handle = await self.socket.run_request(
+                omni,
+                lambda: omni.transcription_inputs(samples, RATE, language=language, prompt=prompt),
+                on_event,
             )
-            handle = self.socket.track(omni.submit(inputs, deadline=self.socket.deadline()))
-            text = ""
-            async for event in handle:
-                if event.name != "text":
-                    continue
-                if event.end:
-                    text = event.payload.get("text", text)
-                elif delta := event.payload.get("text"):
-                    await self.send(
-                        "conversation.item.input_audio_transcription.delta",
-                        item_id=item,
-                        content_index=0,
-                        delta=delta,
-                    )
             if handle.aborted:
                 raise drained()
-        except (APIError, InvalidInput, RequestFailed) as exc:
+        except REQUEST_ERRORS as exc:
             await self.send(
                 "conversation.item.input_audio_transcription.failed",
                 item_id=item,
@@ -96,9 +94,6 @@ class TranscriptionSession(RealtimeSession):
                 error=error_event_of(exc)["error"],
             )
             return
-        finally:
-            if handle is not None:
-                self.socket.done_with(handle)
         seconds = len(samples) / RATE
         self.state.metrics.audio_seconds.labels(self.socket.endpoint).inc(seconds)
         await self.send(
