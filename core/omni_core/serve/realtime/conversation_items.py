@@ -10,13 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import soxr
 
 from omni_core.serve.errors import APIError
 from omni_core.serve.realtime.input_audio import decode_pcm16
 from omni_core.serve.realtime.session_config import as_object, refuse
 from omni_core.serve.realtime.sockets import new_id
 from omni_core.serve.realtime.vad import RATE
+from omni_core.surface.audio_codecs import resample
+from omni_core.surface.inputs import check_duration
 
 PARTS = {
     "user": ("input_text", "input_audio", "input_image"),
@@ -94,12 +95,8 @@ def read_item(value, param: str, input_rate: int, limits, max_chars: int) -> Ite
             samples = decode_pcm16(part.get("audio"))
             if not len(samples):
                 raise refuse(f"{where}.audio holds no audio", f"{where}.audio")
-            if input_rate != RATE:
-                samples = soxr.resample(samples, input_rate, RATE).astype(np.float32)
-            if len(samples) / RATE > limits.max_audio_seconds:
-                raise refuse(f"{where}.audio: at most {limits.max_audio_seconds:g} s of audio",
-                             f"{where}.audio")
-            out.parts.append(audio_part(samples))
+            check_duration(samples, input_rate, limits, f"{where}.audio")  # 413 too_large, as over HTTP
+            out.parts.append(audio_part(resample(samples, input_rate, RATE)))
             transcript = part.get("transcript")
             if transcript is not None and not isinstance(transcript, str):
                 raise refuse(f"{where}.transcript must be a string", f"{where}.transcript")
