@@ -1,6 +1,7 @@
 """The fish-s2pro fast AR of one slow step (codebooks 1..9 for every row of the step) at the `full`
 preset's sizes (4 layers x 2560, bf16, random weights drawn on the GPU), launched kernel by kernel
-against replayed from its CUDA graph (``omni_fish_s2pro.fast_ar_graphs``), greedy and with the
+against replayed from its CUDA graph (``omni_fish_s2pro.fast_ar_graphs``), the graph with the torch
+layers and with the core's fused kernels (what the stage runs on CUDA), greedy and with the
 stage's default sampling (temperature 0.8, top-p 0.8, top-k 30), at a few batch sizes.
 
 Each number is the wall time of one call, host work included (launch-bound calls are decided on
@@ -47,8 +48,10 @@ def main() -> None:
     fast = load_fast_ar(checkpoint, device, torch.bfloat16)
     sampling = StepSampler(device, cfg.num_codebooks)
     graphs = FastARGraphs(fast, sampling, cfg.slow.dim, torch.bfloat16)
-    graphs.capture(max(args.batch), [SamplingParams(**DEFAULT_SAMPLING)])
-    print(f"{'batch':>5} {'sampling':>8} {'eager ms':>9} {'graph ms':>9} {'speed-up':>8}")
+    fused = FastARGraphs(fast, sampling, cfg.slow.dim, torch.bfloat16, fused=True)
+    for g in (graphs, fused):
+        g.capture(max(args.batch), [SamplingParams(**DEFAULT_SAMPLING)])
+    print(f"{'batch':>5} {'sampling':>8} {'eager ms':>9} {'graph ms':>9} {'fused graph ms':>14} {'speed-up':>8}")
     for batch in args.batch:
         hidden = torch.randn(batch, cfg.slow.dim, device=device, dtype=torch.bfloat16)
         code0 = torch.randint(0, cfg.codebook_size, (batch,), device=device)
@@ -57,7 +60,8 @@ def main() -> None:
             rows = [params] * batch
             eager = wall_ms(lambda rows=rows: fast(hidden, code0, sampling.fast_chooser(rows, seeds, done)), args.iters)
             graph = wall_ms(lambda rows=rows: graphs(hidden, code0, rows, seeds, done), args.iters)
-            print(f"{batch:>5} {name:>8} {eager:>9.3f} {graph:>9.3f} {eager / graph:>7.1f}x")
+            fused_graph = wall_ms(lambda rows=rows: fused(hidden, code0, rows, seeds, done), args.iters)
+            print(f"{batch:>5} {name:>8} {eager:>9.3f} {graph:>9.3f} {fused_graph:>14.3f} {eager / fused_graph:>7.1f}x")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 from omni_core.hooks import InputTooLarge, InvalidInput
+from omni_core.models import kernels
 from omni_core.platforms import platform_for
 from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
@@ -134,11 +135,13 @@ class DualARWorker(ARStageWorker):
         self.sampling = StepSampler(self.device, self.num_codebooks)
         self.spoken = SpokenSegments(segment_context)
         self.segments: dict[str, Segment] = {}  # request id -> the segment it speaks
-        # where the platform captures graphs (CUDA), the fast AR of a step is one replay (fast_ar_graphs)
+        # on CUDA the fast AR runs the core's fused kernels (fast_ar.py), and where the platform
+        # captures graphs a step's fast AR is one replay (fast_ar_graphs)
+        self.fused_fast = self.device.type == "cuda" and kernels.triton_available()
         self.fast_graphs = None
         if platform_for(self.device).supports_graphs and self.engine_config.cuda_graphs:
             dtype = next(fast.parameters()).dtype
-            self.fast_graphs = FastARGraphs(fast, self.sampling, slow.hidden_size, dtype)
+            self.fast_graphs = FastARGraphs(fast, self.sampling, slow.hidden_size, dtype, self.fused_fast)
             self.fast_graphs.capture(self.engine_config.max_num_seqs, [SamplingParams(**self.defaults)])
 
     def make_request(self, message: Message) -> EngineRequest:
@@ -203,7 +206,7 @@ class DualARWorker(ARStageWorker):
         if self.fast_graphs is not None:
             return self.fast_graphs(hidden, code0, [s.params for s in states], [s.seed for s in states], done)
         chooser = self.sampling.fast_chooser([s.params for s in states], [s.seed for s in states], done)
-        return self.fast(hidden, code0, chooser)
+        return self.fast(hidden, code0, chooser, fused=self.fused_fast)
 
     def sample_semantic(
         self, logits: torch.Tensor, states: list[Speaking], done: list[int], recent: torch.Tensor

@@ -27,8 +27,8 @@ MAX_GRAPHS = 64
 
 
 class FastARGraphs:
-    def __init__(self, fast: FastAR, sampling: StepSampler, hidden_size: int, dtype: torch.dtype):
-        self.fast, self.sampling = fast, sampling
+    def __init__(self, fast: FastAR, sampling: StepSampler, hidden_size: int, dtype: torch.dtype, fused: bool = False):
+        self.fast, self.sampling, self.fused = fast, sampling, fused
         self.hidden_size, self.dtype = hidden_size, dtype
         self.device = next(fast.parameters()).device
         self.pool = torch.cuda.graph_pool_handle()  # graphs replay one at a time: they share memory
@@ -61,7 +61,7 @@ class FastARGraphs:
         if size is not None and key not in self.graphs and len(self.graphs) < MAX_GRAPHS:
             self.graphs[key] = self._capture(size, path)
         if key not in self.graphs:
-            return self.fast(hidden, code0, self.sampling.fast_chooser(params, seeds, done))
+            return self.fast(hidden, code0, self.sampling.fast_chooser(params, seeds, done), fused=self.fused)
         graph, st = self.graphs[key]
         st["hidden"][:n].copy_(hidden)
         st["code0"][:n].copy_(code0)
@@ -87,7 +87,7 @@ class FastARGraphs:
 
         def step() -> torch.Tensor:
             choose = None if path is None else self.sampling.fast_choose(path, st["ints"], st["floats"])
-            return self.fast(st["hidden"], st["code0"], choose)
+            return self.fast(st["hidden"], st["code0"], choose, fused=self.fused)
 
         graph, st["codes"] = capture_cuda_graph(step, device, self.pool)
         return graph, st

@@ -22,23 +22,24 @@ SAMPLED = SamplingParams(**DEFAULT_SAMPLING)
 MIXED = [SAMPLED, SamplingParams(temperature=0.0), SamplingParams(temperature=1.1, top_p=0.95, top_k=12)]
 
 
-def _eager_padded(fast, sampling, hidden, code0, params, seeds, done, size):
+def _eager_padded(fast, sampling, hidden, code0, params, seeds, done, size, fused):
     """The eager fast AR on the batch padded to ``size`` with copies of row 0 (so its matrix
     products take the graph's shapes, and the sampler the same path), cut back to the rows."""
     pad = size - hidden.shape[0]
     hidden = torch.cat([hidden, hidden[:1].expand(pad, -1)])
     code0 = torch.cat([code0, code0[:1].expand(pad)])
     chooser = sampling.fast_chooser(params + params[:1] * pad, seeds + seeds[:1] * pad, done + done[:1] * pad)
-    return fast(hidden, code0, chooser)[: len(params)]
+    return fast(hidden, code0, chooser, fused=fused)[: len(params)]
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("kind", ["greedy", "sampled", "mixed"])
-def test_graph_replays_give_the_codes_of_the_eager_fast_ar(tiny_dir, rows, kind):
+def test_graph_replays_give_the_codes_of_the_eager_fast_ar(tiny_dir, rows, kind, fused):
     cfg = load_config(tiny_dir)
     fast = load_fast_ar(tiny_dir, "cuda", torch.float32)
     sampling = StepSampler(torch.device("cuda"), cfg.num_codebooks)
-    graphs = FastARGraphs(fast, sampling, cfg.slow.dim, torch.float32)
+    graphs = FastARGraphs(fast, sampling, cfg.slow.dim, torch.float32, fused=fused)
     graphs.capture(8, [SAMPLED])
     torch.manual_seed(rows)
     params = {
@@ -53,7 +54,7 @@ def test_graph_replays_give_the_codes_of_the_eager_fast_ar(tiny_dir, rows, kind)
         replayed = graphs(hidden, code0, params, seeds, done)
         size = next(s for s in SIZES if s >= rows)
         assert (size, sampling.fast_path(params)) in graphs.graphs
-        assert torch.equal(replayed, _eager_padded(fast, sampling, hidden, code0, params, seeds, done, size))
+        assert torch.equal(replayed, _eager_padded(fast, sampling, hidden, code0, params, seeds, done, size, fused))
         done = [d + 1 for d in done]
 
 
