@@ -6,6 +6,7 @@ the extra block is scratch that padded rows of a CUDA graph write into. On CUDA,
 models that allow it replay CUDA graphs captured for a set of batch sizes (the batch is padded to
 the next captured size); a graph also looks up the tokens' embeddings (unless a ``before_decode``
 hook may replace them) and takes every row's argmax, which all-greedy batches use as their tokens.
+Prefill steps of short prompts replay graphs of their own (``prefill_graphs.PrefillGraphs``).
 """
 
 from __future__ import annotations
