@@ -4,25 +4,18 @@ A small decoder of ``num_codebooks`` positions: position 0 is the slow AR's last
 (after its final norm, projected when the widths differ), position 1 the embedding of the
 frame's semantic code (code 0), and each later position the embedding of the code just chosen;
 the logits at position ``i`` choose code ``i``. Every request of a slow step runs together in
-lock step, so its cache is one contiguous tensor per call (no paging): row ``b``'s position ``p``
-is slot ``b * num_codebooks + p``. Module names are the checkpoint's, under ``audio_decoder.``;
-q and k rows are in the halves order (``rotary_pairs``).
-
-With ``fused`` (CUDA, where triton imports) a layer runs the core's fused kernels: the residual
-add inside each norm, rotary and the cache write in one kernel, the SiLU gate in one. A step's
-passes are launch-bound at any batch (a CUDA graph replay still runs each kernel), so fewer
-kernels is what makes them faster.
+lock step over one contiguous cache per call (``omni_core.models.lockstep``, whose ``fused`` path
+runs the core's fused kernels; the SiLU gate too, ``FeedForward``). Module names are the
+checkpoint's, under ``audio_decoder.``; q and k rows are in the halves order (``rotary_pairs``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from omni_core.models import kernels
-from omni_core.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from omni_core.models.layers import RMSNorm, RotaryEmbedding
+from omni_core.models.lockstep import Pass, Passes, attend, pre_norm_layer
 from torch import nn
 
 from .config import FishConfig, TransformerSizes
@@ -47,24 +40,9 @@ class FastAttention(nn.Module):
         q, k, v = self.wqkv(x).split(self.splits, dim=-1)
         q = q.reshape(t, self.heads, self.head_dim)
         k = k.reshape(t, self.kv_heads, self.head_dim)
-        v = v.reshape(t, self.kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        k_cache, v_cache = cache
-        if fused:
-            kernels.rotary_store_kv(q, k, v, *step.rope, k_cache, v_cache, step.slots)
-        else:
-            q, k = apply_rotary(q, k, step.rope)
-            k_cache[step.slots], v_cache[step.slots] = k, v
-        b, n, seen = step.batch, step.new, step.start + step.new
-        out = F.scaled_dot_product_attention(
-            q.reshape(b, n, self.heads, self.head_dim).transpose(1, 2),
-            k_cache.view(b, -1, self.kv_heads, self.head_dim)[:, :seen].transpose(1, 2),
-            v_cache.view(b, -1, self.kv_heads, self.head_dim)[:, :seen].transpose(1, 2),
-            is_causal=n > 1,
-            enable_gqa=self.heads != self.kv_heads,
-        )
-        return self.wo(out.transpose(1, 2).reshape(t, -1))
+        return self.wo(attend(q, k, v.reshape(t, self.kv_heads, self.head_dim), step, cache, fused))
 
 
 class FastLayer(nn.Module):
@@ -76,26 +54,7 @@ class FastLayer(nn.Module):
         self.ffn_norm = RMSNorm(s.dim, eps)
 
     def forward(self, x, residual, step: Pass, cache, fused: bool):
-        """Returns (this layer's feed-forward output, the residual stream before it): their sum is
-        the layer's output, added by the next norm (in its kernel, when fused)."""
-        if residual is None:
-            h, residual = self.attention_norm(x, fused=fused), x
-        else:
-            h, residual = self.attention_norm(x, residual, fused=fused)
-        h = self.attention(h, step, cache, fused)
-        h, residual = self.ffn_norm(h, residual, fused=fused)
-        return self.feed_forward(h, fused=fused), residual
-
-
-@dataclass(frozen=True)
-class Pass:
-    """One pass over ``new`` positions from ``start`` for ``batch`` rows: their rotary rows and cache slots."""
-
-    batch: int
-    start: int
-    new: int
-    rope: tuple[torch.Tensor, torch.Tensor]
-    slots: torch.Tensor
+        return pre_norm_layer(self.attention_norm, self.attention, self.ffn_norm, self.feed_forward, x, residual, step, cache, fused)
 
 
 class FastAR(nn.Module):
@@ -110,10 +69,7 @@ class FastAR(nn.Module):
         self.norm = RMSNorm(s.dim, cfg.norm_eps)
         self.output = nn.Linear(s.dim, cfg.codebook_size, bias=False)
         self.rotary = RotaryEmbedding(s.head_dim, cfg.num_codebooks, cfg.rope_base)
-
-        # (batch, start, new, device, dtype) -> Pass: made once, so a captured graph reads them
-        # instead of recomputing them in a few small kernels every replay
-        self._passes: dict[tuple, Pass] = {}
+        self.passes = Passes(self.rotary, self.num_codebooks)
 
     @torch.inference_mode()
     def forward(
@@ -134,7 +90,7 @@ class FastAR(nn.Module):
         codes, start = [code0], 0
         for codebook in range(1, self.num_codebooks):
             n = x.shape[0] // b
-            step = self._pass(b, start, n, x)
+            step = self.passes.get(b, start, n, x)
             residual = None
             for layer, cache in zip(self.layers, caches, strict=True):
                 x, residual = layer(x, residual, step, cache, fused)
@@ -144,12 +100,3 @@ class FastAR(nn.Module):
             start += n
             x = self.embeddings(code).to(slow_hidden.dtype)
         return torch.stack(codes, dim=1)
-
-    def _pass(self, batch: int, start: int, new: int, like: torch.Tensor) -> Pass:
-        key = (batch, start, new, like.device, like.dtype)
-        if key not in self._passes:
-            device = like.device
-            positions = torch.arange(start, start + new, device=device).repeat(batch)
-            slots = (torch.arange(batch, device=device) * self.num_codebooks)[:, None] + torch.arange(start, start + new, device=device)
-            self._passes[key] = Pass(batch, start, new, self.rotary.table(positions, like.dtype), slots.reshape(-1))
-        return self._passes[key]

@@ -5,24 +5,17 @@ A small dense Qwen3 decoder (per-head q/k norms, rotary positions) that starts f
 talker's last hidden state and the embedding of the talker's code (codebook 0), and then emits one
 code per residual codebook: head ``g`` reads codebook ``g + 1``, and its code, embedded by that
 codebook's table, is the next input. Every request of a talker step runs in lock-step (the same
-number of steps each), so the cache is one contiguous tensor per call, no paging: row ``b``'s
-position ``p`` is slot ``b * groups + p``.
-
-With ``fused`` (CUDA, where triton imports) a layer runs the core's fused kernels: the residual
-add inside each norm, rotary and the cache write in one kernel, SiLU-gating in one. A frame's 15
-passes of 5 layers are launch-bound at any batch (one CUDA graph replay still runs each kernel),
-so fewer kernels is what makes them faster.
+number of steps each) over one contiguous cache per call (``omni_core.models.lockstep``, whose
+``fused`` path runs the core's fused kernels: a frame's 15 passes of 5 layers are launch-bound).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from omni_core.models import kernels
-from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, apply_rotary, rope_theta
+from omni_core.models.layers import GatedMLP, PackedLinear, RMSNorm, RotaryEmbedding, rope_theta
+from omni_core.models.lockstep import Pass, Passes, attend, pre_norm_layer
 from torch import nn
 
 
@@ -38,26 +31,13 @@ class PredictorAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.splits = [q, kv, kv]
 
-    def forward(self, x: torch.Tensor, step: Step, cache: tuple[torch.Tensor, torch.Tensor], fused: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: Pass, cache: tuple[torch.Tensor, torch.Tensor], fused: bool) -> torch.Tensor:
         """x [B * n, H]: each row's n new positions; ``cache`` (k, v) [B * slots, kv_heads, d]."""
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
         q = self.q_norm(q.reshape(t, self.heads, self.head_dim))
         k = self.k_norm(k.reshape(t, self.kv_heads, self.head_dim))
-        v = v.reshape(t, self.kv_heads, self.head_dim)
-        k_cache, v_cache = cache
-        cos, sin = step.rope
-        if fused:
-            kernels.rotary_store_kv(q, k, v, cos, sin, k_cache, v_cache, step.slots)
-        else:
-            q, k = apply_rotary(q, k, step.rope)
-            k_cache[step.slots], v_cache[step.slots] = k, v
-        b, n, seen = step.batch, step.new, step.start + step.new
-        q = q.reshape(b, n, self.heads, self.head_dim).transpose(1, 2)
-        keys = k_cache.view(b, -1, self.kv_heads, self.head_dim)[:, :seen].transpose(1, 2)
-        values = v_cache.view(b, -1, self.kv_heads, self.head_dim)[:, :seen].transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1, enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(t, -1))
+        return self.o_proj(attend(q, k, v.reshape(t, self.kv_heads, self.head_dim), step, cache, fused))
 
 
 class PredictorLayer(nn.Module):
@@ -68,27 +48,8 @@ class PredictorLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, residual, step: Step, cache, fused: bool):
-        """Returns (this layer's MLP output, the residual stream before it): their sum is the
-        layer's output, added by the next norm (in its kernel, when fused)."""
-        if residual is None:
-            h, residual = self.input_layernorm(x, fused=fused), x
-        else:
-            h, residual = self.input_layernorm(x, residual, fused=fused)
-        h = self.self_attn(h, step, cache, fused)
-        h, residual = self.post_attention_layernorm(h, residual, fused=fused)
-        return self.mlp(h, fused=fused), residual
-
-
-@dataclass(frozen=True)
-class Step:
-    """One pass over ``new`` positions from ``start`` for ``batch`` rows: their rotary rows and cache slots."""
-
-    batch: int
-    start: int
-    new: int
-    rope: tuple[torch.Tensor, torch.Tensor]
-    slots: torch.Tensor
+    def forward(self, x, residual, step: Pass, cache, fused: bool):
+        return pre_norm_layer(self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp, x, residual, step, cache, fused)
 
 
 class PredictorModel(nn.Module):
@@ -109,9 +70,7 @@ class CodePredictor(nn.Module):
         self.groups = config.num_code_groups
         self.model = PredictorModel(config)
         self.lm_head = nn.ModuleList(nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(self.groups - 1))
-        # (batch, start, new, device, dtype) -> Step: made once, so a captured graph reads them
-        # instead of recomputing them in a dozen small kernels every replay
-        self._steps: dict[tuple, Step] = {}
+        self.passes = Passes(self.model.rotary, self.groups)
 
     @torch.inference_mode()
     def forward(self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor, choose: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
@@ -129,7 +88,7 @@ class CodePredictor(nn.Module):
         codes, total = [], None
         for group in range(self.groups - 1):
             n = x.shape[0] // b
-            step = self._step(b, start, n, x)
+            step = self.passes.get(b, start, n, x)
             residual = None
             for layer, cache in zip(self.model.layers, caches, strict=True):
                 x, residual = layer(x, residual, step, cache, fused)
@@ -141,11 +100,3 @@ class CodePredictor(nn.Module):
             start += n
             x = embed
         return torch.stack(codes, dim=1), total
-
-    def _step(self, batch: int, start: int, new: int, like: torch.Tensor) -> Step:
-        key = (batch, start, new, like.device, like.dtype)
-        if key not in self._steps:
-            positions = torch.arange(start, start + new, device=like.device).repeat(batch)
-            slots = (torch.arange(batch, device=like.device) * self.groups)[:, None] + torch.arange(start, start + new, device=like.device)
-            self._steps[key] = Step(batch, start, new, self.model.rotary.table(positions, like.dtype), slots.reshape(-1))
-        return self._steps[key]
