@@ -71,7 +71,7 @@ class PrefillGraphs:
         batch, size, width = key
         bs, scratch = runner.block_size, runner.scratch_slot
         rows = batch * size
-        ids, positions, slots = [0] * rows, [0] * rows, [scratch] * rows
+        positions, slots = [0] * rows, [scratch] * rows
         source = [0] * rows  # each padded row's packed row (padding: the first)
         last = [0] * batch  # the last row of each sequence that samples, in batch order
         context_lens, query_lens, tables = [1] * batch, [1] * batch, [0] * (batch * width)
@@ -83,7 +83,7 @@ class PrefillGraphs:
             context = start + n
             row = b * size
             for i, p in enumerate(range(start, context)):
-                ids[row + i], positions[row + i] = seq.token_ids[p], p
+                positions[row + i] = p
                 slots[row + i] = seq.block_table[p // bs] * bs + p % bs
                 source[row + i] = len(packed_ids) + i
             packed_ids += seq.token_ids[start:context]
@@ -95,7 +95,7 @@ class PrefillGraphs:
             # a chunked prompt holds blocks for its whole length: the graph reads those of its context
             table = seq.block_table[:width]
             tables[b * width : b * width + len(table)] = table
-        host = torch.tensor(ids + positions + slots + source + last + context_lens + query_lens + tables, dtype=torch.int64)
+        host = torch.tensor(positions + slots + source + last + context_lens + query_lens + tables, dtype=torch.int64)
         if runner.platform.accelerator:  # pinned: the copy queues behind the stream's work instead of waiting for it
             host = host.pin_memory()
         st["index"].copy_(host, non_blocking=True)
@@ -121,22 +121,22 @@ class PrefillGraphs:
         return st["last_hidden"][:sampled], st["logits"][:sampled]
 
     def _static_inputs(self, batch: int, size: int, width: int) -> dict[str, Any]:
-        """A graph's inputs; the integers are views of one buffer: ids, positions, slots and
-        source rows (a row each), then the last rows, context and query lengths (a sequence
-        each), then the block tables."""
+        """A graph's inputs; the integers are views of one buffer: positions, slots and source
+        rows (a row each), then the last rows, context and query lengths (a sequence each), then
+        the block tables."""
         runner = self.runner
         dev = runner.device
         rows = batch * size
-        index = torch.zeros(4 * rows + 3 * batch + batch * width, dtype=torch.int64, device=dev)
-        ids, positions, slots, source = index[: 4 * rows].view(4, rows).unbind(0)
-        last, context_lens, query_lens = index[4 * rows : 4 * rows + 3 * batch].view(3, batch).unbind(0)
+        index = torch.zeros(3 * rows + 3 * batch + batch * width, dtype=torch.int64, device=dev)
+        positions, slots, source = index[: 3 * rows].view(3, rows).unbind(0)
+        last, context_lens, query_lens = index[3 * rows : 3 * rows + 3 * batch].view(3, batch).unbind(0)
         slots.fill_(runner.scratch_slot)
         context_lens.fill_(1)
         query_lens.fill_(1)
         padded = torch.arange(rows, device=dev)
         meta = AttentionMetadata(
             slot_mapping=slots,
-            block_tables=index[4 * rows + 3 * batch :].view(batch, width),
+            block_tables=index[3 * rows + 3 * batch :].view(batch, width),
             context_lens=context_lens,
             query_lens=query_lens,
             max_query_len=size,
