@@ -35,7 +35,8 @@ class AttentionMetadata:
     ``query_lens[b]`` new tokens of sequence ``b`` attend to its first ``context_lens[b]`` cache
     positions (earlier tokens plus themselves). ``max_query_len`` is a Python int (1 for decode).
     ``padded_index`` ([T], prefill only) is each packed token's row in the ``[B * max_query_len]``
-    padded layout and ``packed_index`` ([B * max_query_len]) the packed row of each padded one.
+    padded layout and ``packed_index`` ([B * max_query_len]) the packed row of each padded one;
+    both None where the step's rows are that padded layout already (prefill graphs).
     """
 
     slot_mapping: torch.Tensor  # [T] int64
@@ -185,7 +186,7 @@ class SdpaBackend:
         group = heads // kv_heads
         keys = k_cache[kv_slots.reshape(-1)].view(B, max_kv, kv_heads, dim).transpose(1, 2)
         values = v_cache[kv_slots.reshape(-1)].view(B, max_kv, kv_heads, dim).transpose(1, 2)
-        queries = q.view(B, 1, heads, dim) if Q == 1 else q[meta.packed_index].view(B, Q, heads, dim)
+        queries = q.view(B, 1, heads, dim) if Q == 1 else (q if meta.packed_index is None else q[meta.packed_index]).view(B, Q, heads, dim)
         # grouped-query attention without repeating K/V: the query heads sharing a KV head
         # become extra query rows (q head h uses KV head h // group)
         queries = queries.view(B, Q, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(B, kv_heads, group * Q, dim)
@@ -194,7 +195,7 @@ class SdpaBackend:
             mask = mask.expand(B, group, Q, max_kv).reshape(B, 1, group * Q, max_kv) if Q > 1 else mask
         out = F.scaled_dot_product_attention(queries.to(keys.dtype), keys, values, attn_mask=mask, scale=scale)
         out = out.view(B, kv_heads, group, Q, dim).permute(0, 3, 1, 2, 4).reshape(B * Q, heads, dim)
-        if Q == 1:
+        if Q == 1 or meta.padded_index is None:
             return out.to(q.dtype)
         return out[meta.padded_index].to(q.dtype)
 

@@ -60,11 +60,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Pass, cache:
         k_cache[step.slots], v_cache[step.slots] = k, v
     heads, kv_heads, dim = q.shape[1], k_cache.shape[1], q.shape[2]
     b, n, seen = step.batch, step.new, step.start + step.new
+    mask = None
+    if n > 1 and step.start:  # SDPA's is_causal aligns to the first key: past a prefix it needs a mask
+        mask = torch.arange(seen, device=q.device)[None, :] <= torch.arange(step.start, seen, device=q.device)[:, None]
     out = F.scaled_dot_product_attention(
         q.reshape(b, n, heads, dim).transpose(1, 2),
         k_cache.view(b, -1, kv_heads, dim)[:, :seen].transpose(1, 2),
         v_cache.view(b, -1, kv_heads, dim)[:, :seen].transpose(1, 2),
-        is_causal=n > 1,
+        attn_mask=mask,
+        is_causal=n > 1 and not step.start,
         enable_gqa=heads != kv_heads,
     )
     return out.transpose(1, 2).reshape(b * n, heads * dim)

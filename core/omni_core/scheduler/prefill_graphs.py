@@ -133,7 +133,6 @@ class PrefillGraphs:
         slots.fill_(runner.scratch_slot)
         context_lens.fill_(1)
         query_lens.fill_(1)
-        padded = torch.arange(rows, device=dev)
         meta = AttentionMetadata(
             slot_mapping=slots,
             block_tables=index[3 * rows + 3 * batch :].view(batch, width),
@@ -141,10 +140,8 @@ class PrefillGraphs:
             query_lens=query_lens,
             max_query_len=size,
             block_size=runner.block_size,
-            # the rows are the padded layout already; no host lengths, so the backend takes
-            # SDPA's padded path, whose shapes do not depend on them
-            padded_index=padded,
-            packed_index=padded,
+            # no host lengths, so the backend takes SDPA's padded path, whose shapes do not depend
+            # on them; no padded/packed index: the rows are that path's padded layout already
         )
         return {
             "index": index,

@@ -16,11 +16,26 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w3 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
-        self._gate_up: torch.Tensor | None = None  # w1 over w3, stacked on first fused use (after loading)
+        self._gate_up: tuple[tuple, torch.Tensor] | None = None  # (the weights it was stacked from, w1 over w3)
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
         if fused:
-            if self._gate_up is None:
-                self._gate_up = torch.cat([self.w1.weight, self.w3.weight])
-            return self.w2(kernels.silu_mul(F.linear(x, self._gate_up)))
+            return self.w2(kernels.silu_mul(F.linear(x, self._stacked())))
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def _stacked(self) -> torch.Tensor:
+        """w1 over w3 in one tensor (a copy: the checkpoint keeps them apart), stacked again when
+        either weight changed since (moved, cast, replaced or loaded into)."""
+        w1, w3 = self.w1.weight, self.w3.weight
+        source = (w1.data_ptr(), w3.data_ptr(), w1.dtype, w1.device, _version(w1), _version(w3))
+        if self._gate_up is None or self._gate_up[0] != source:
+            self._gate_up = (source, torch.cat([w1, w3]))
+        return self._gate_up[1]
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's in-place write count; None for an inference tensor, which keeps none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None

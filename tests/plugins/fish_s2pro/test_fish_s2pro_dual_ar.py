@@ -106,3 +106,17 @@ def test_preempted_requests_recompute_the_same_frames(tiny_dir):
     assert tight.engine.stats()["preemptions"] > 0
     for rid in payloads:
         assert torch.equal(roomy[rid], squeezed[rid]), rid
+
+
+def test_the_fused_feed_forward_stacks_its_weights_again_when_they_change():
+    # the fused path's one gate/up matrix follows loads, casts and moves of w1 and w3
+    from omni_fish_s2pro.feed_forward import FeedForward
+
+    ff = FeedForward(8, 12)
+    first = ff._stacked()
+    assert ff._stacked() is first and torch.equal(first, torch.cat([ff.w1.weight, ff.w3.weight]))
+    weights = {k: torch.randn_like(v) for k, v in ff.state_dict().items()}
+    ff.load_state_dict(weights)
+    assert torch.equal(ff._stacked(), torch.cat([weights["w1.weight"], weights["w3.weight"]]))
+    assert ff.double()._stacked().dtype == torch.float64
+    assert set(ff.state_dict()) == {"w1.weight", "w3.weight", "w2.weight"}  # the checkpoint's names only
