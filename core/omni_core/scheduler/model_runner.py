@@ -165,15 +165,7 @@ class ModelRunner:
                 ids_t.copy_(ahead_ids)
         else:
             context_lens = [s.num_computed_tokens + n for s, n in zip(seqs, query_lens, strict=True)]
-            ids: list[int] = []
-            seq_index: list[int] = []
-            for b, (seq, n, c) in enumerate(zip(seqs, query_lens, context_lens, strict=True)):
-                ids.extend(seq.token_ids[c - n : c])
-                seq_index.extend([b] * n)
-            pos_t = torch.cat([torch.arange(c - n, c, dtype=torch.int64) for n, c in zip(query_lens, context_lens, strict=True)])
-            seq_t = torch.tensor(seq_index, dtype=torch.int64)
-            slots = block_tables[seq_t, pos_t // bs] * bs + pos_t % bs
-            ids_t = torch.tensor(ids, dtype=torch.int64)
+            ids_t, seq_t, pos_t, slots = self._packed_rows(seqs, query_lens, context_lens, block_tables)
             ctx_t = torch.tensor(context_lens, dtype=torch.int64)
             qlen_t = torch.tensor(query_lens, dtype=torch.int64)
             ids_t, pos_t, slots, ctx_t, qlen_t = (t.to(dev, non_blocking=True) for t in (ids_t, pos_t, slots, ctx_t, qlen_t))
@@ -195,6 +187,16 @@ class ModelRunner:
         if is_prefill:
             self._insert_prompt_embeds(seqs, embeds)
         return ids_t, pos_t, embeds, meta, query_lens, model_pos
+
+    def _packed_rows(self, seqs: list[Sequence], query_lens: list[int], context_lens: list[int], block_tables: torch.Tensor):
+        """A prefill step's packed tokens on the host: (ids, each one's sequence, position, cache
+        slot), sequence after sequence."""
+        bs = self.block_size
+        ids = [t for seq, n, c in zip(seqs, query_lens, context_lens, strict=True) for t in seq.token_ids[c - n : c]]
+        seq_t = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(query_lens))
+        pos_t = torch.cat([torch.arange(c - n, c, dtype=torch.int64) for n, c in zip(query_lens, context_lens, strict=True)])
+        slots = block_tables[seq_t, pos_t // bs] * bs + pos_t % bs
+        return torch.tensor(ids, dtype=torch.int64), seq_t, pos_t, slots
 
     def _pack_indices(self, meta: AttentionMetadata, query_lens: list[int], seq_t: torch.Tensor) -> None:
         """A prefill step's ``padded_index`` and ``packed_index`` (AttentionMetadata); ``seq_t``:

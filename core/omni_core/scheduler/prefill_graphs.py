@@ -32,6 +32,7 @@ import torch
 from omni_core import progress
 from omni_core.models.attention import AttentionMetadata, ForwardContext
 from omni_core.scheduler.graph_capture import capture_cuda_graph
+from omni_core.scheduler.host_copy import to_device
 from omni_core.scheduler.sequence import Sequence
 
 # padded rows a graph holds at most (sequences x tokens): larger steps are arithmetic-bound
@@ -64,51 +65,38 @@ class PrefillGraphs:
         return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
 
     def prepare(self, seqs: list[Sequence], key: tuple[int, int, int]):
-        """The step's integers into the graph's inputs in one copy, and its embeddings looked up;
-        returns (ids, positions, embeddings, query lengths) packed, as the eager ``_prepare``."""
+        """The step's integers into the graph's inputs and its packed ids and positions, in one
+        copy to the device, and its embeddings looked up; returns (ids, positions, embeddings,
+        query lengths) packed, as the eager ``_prepare``."""
         runner = self.runner
         _, st = self.graphs[key]
         batch, size, width = key
-        bs, scratch = runner.block_size, runner.scratch_slot
-        rows = batch * size
-        positions, slots = [0] * rows, [scratch] * rows
-        source = [0] * rows  # each padded row's packed row (padding: the first)
-        last = [0] * batch  # the last row of each sequence that samples, in batch order
-        context_lens, query_lens, tables = [1] * batch, [1] * batch, [0] * (batch * width)
-        packed_ids: list[int] = []
-        packed_positions: list[int] = []
-        sampled = 0
-        for b, seq in enumerate(seqs):
-            start, n = seq.num_computed_tokens, seq.num_scheduled_tokens
-            context = start + n
-            row = b * size
-            for i, p in enumerate(range(start, context)):
-                positions[row + i] = p
-                slots[row + i] = seq.block_table[p // bs] * bs + p % bs
-                source[row + i] = len(packed_ids) + i
-            packed_ids += seq.token_ids[start:context]
-            packed_positions += range(start, context)
-            if context == len(seq):
-                last[sampled] = row + n - 1
-                sampled += 1
-            context_lens[b], query_lens[b] = context, n
-            # a chunked prompt holds blocks for its whole length: the graph reads those of its context
-            table = seq.block_table[:width]
-            tables[b * width : b * width + len(table)] = table
-        host = torch.tensor(positions + slots + source + last + context_lens + query_lens + tables, dtype=torch.int64)
-        if runner.platform.accelerator:  # pinned: the copy queues behind the stream's work instead of waiting for it
-            host = host.pin_memory()
-        st["index"].copy_(host, non_blocking=True)
-        total = len(packed_ids)
-        # the packed ids and positions the hooks and the lookup see
-        packed = torch.tensor(packed_ids + packed_positions, dtype=torch.int64)
-        if runner.platform.accelerator:
-            packed = packed.pin_memory()
-        packed = packed.to(runner.device, non_blocking=True)
-        ids_t, positions_t = packed[:total], packed[total:]
+        query_lens = [s.num_scheduled_tokens for s in seqs]
+        context_lens = [s.num_computed_tokens + n for s, n in zip(seqs, query_lens, strict=True)]
+        # a chunked prompt holds blocks for its whole length: the graph reads those of its context
+        tables = runner._block_tables(seqs)[:, :width]
+        ids, seq_t, pos_t, slots = runner._packed_rows(seqs, query_lens, context_lens, tables)
+        total = len(ids)
+        index = torch.zeros(st["index"].shape[0] + 2 * total, dtype=torch.int64)
+        positions, padded_slots, source, last, contexts, queries, table, packed = _index_views(index, batch, size, width)
+        # padding rows: position 0, the scratch slot, the first packed row; padding sequences: lengths 1
+        starts = torch.tensor(query_lens).cumsum(0) - torch.tensor(query_lens)
+        row_t = seq_t * size + torch.arange(total) - starts[seq_t]
+        padded_slots.fill_(runner.scratch_slot)
+        positions[row_t], padded_slots[row_t], source[row_t] = pos_t, slots, torch.arange(total)
+        sampled = [b * size + n - 1 for b, (s, n, c) in enumerate(zip(seqs, query_lens, context_lens, strict=True)) if c == len(s)]
+        last[: len(sampled)] = torch.tensor(sampled, dtype=torch.int64)
+        contexts.fill_(1)
+        queries.fill_(1)
+        contexts[: len(seqs)], queries[: len(seqs)] = torch.tensor(context_lens), torch.tensor(query_lens)
+        table[: len(seqs), : tables.shape[1]] = tables
+        packed[:total], packed[total:] = ids, pos_t
+        on_device = to_device(index, runner.device)
+        st["index"].copy_(on_device[: st["index"].shape[0]])
+        ids_t, positions_t = on_device[st["index"].shape[0] :].split(total)
         embeds = runner.model.embed(ids_t)
         runner._insert_prompt_embeds(seqs, embeds)
-        return ids_t, positions_t, embeds, [s.num_scheduled_tokens for s in seqs]
+        return ids_t, positions_t, embeds, query_lens
 
     def replay(self, key: tuple[int, int, int], embeds: torch.Tensor, sampled: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Runs graph ``key`` on the step's packed embeddings; returns the last row's hidden state
@@ -128,14 +116,13 @@ class PrefillGraphs:
         dev = runner.device
         rows = batch * size
         index = torch.zeros(3 * rows + 3 * batch + batch * width, dtype=torch.int64, device=dev)
-        positions, slots, source = index[: 3 * rows].view(3, rows).unbind(0)
-        last, context_lens, query_lens = index[3 * rows : 3 * rows + 3 * batch].view(3, batch).unbind(0)
+        positions, slots, source, last, context_lens, query_lens, tables, _ = _index_views(index, batch, size, width)
         slots.fill_(runner.scratch_slot)
         context_lens.fill_(1)
         query_lens.fill_(1)
         meta = AttentionMetadata(
             slot_mapping=slots,
-            block_tables=index[3 * rows + 3 * batch :].view(batch, width),
+            block_tables=tables,
             context_lens=context_lens,
             query_lens=query_lens,
             max_query_len=size,
@@ -172,3 +159,14 @@ class PrefillGraphs:
             pool = graph.pool()
             self.graphs[(batch, size, width)] = (graph, st)
         runner.platform.synchronize(runner.device)
+
+
+def _index_views(index: torch.Tensor, batch: int, size: int, width: int):
+    """A graph's integer inputs as views of one buffer: positions, slots and source rows (a padded
+    row each), the last rows, context and query lengths (a sequence each), the block tables, then
+    whatever follows (a step's packed ids and positions, on the way to the device)."""
+    rows = batch * size
+    positions, slots, source = index[: 3 * rows].view(3, rows).unbind(0)
+    last, context_lens, query_lens = index[3 * rows : 3 * rows + 3 * batch].view(3, batch).unbind(0)
+    end = 3 * rows + 3 * batch + batch * width
+    return positions, slots, source, last, context_lens, query_lens, index[3 * rows + 3 * batch : end].view(batch, width), index[end:]

@@ -110,6 +110,26 @@ def test_several_prompts_prefill_in_one_padded_graph_on_host(tiny_model):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_padding_writes_only_the_scratch_slot_on_host(tiny_model):
+    # a step of 3 prompts padded to 4 sequences of 32 rows changes the cache only at its tokens'
+    # slots and the scratch block, never another sequence's
+    from omni_core.scheduler import EngineRequest
+
+    engine = AREngine(tiny_model, EngineConfig(block_size=16, num_kv_blocks=64, cuda_graphs=False))
+    runner = engine.runner
+    runner.prefill_graphs = PrefillGraphs(runner, [4], [32], [4], capture=capture_eagerly)
+    engine.generate([[7] * 40], GREEDY)  # blocks 0.. hold this prompt's KV, kept by the prefix cache
+    before = runner.kv_cache.clone()
+    for i, n in enumerate((5, 20, 9)):
+        engine.add_request(EngineRequest(f"r{i}", prompt_token_ids=[i + 1] * n, params=GREEDY))
+    engine.step()  # the three prefills, in one graph
+    assert runner.prefill_graphs.replays == 1
+    written = {s.block_table[p // 16] * 16 + p % 16 for s in engine.requests.values() for p in range(s.num_computed_tokens)}
+    changed = set((runner.kv_cache != before).any(dim=(0, 1, 3, 4)).nonzero().flatten().tolist())
+    scratch = set(range(runner.scratch_slot, runner.scratch_slot + 16))
+    assert changed - scratch == written and changed & scratch
+
+
 def test_returned_hidden_layers_or_rotary_offsets_prefill_eagerly_on_host(tiny_model):
     from omni_core.scheduler import EngineRequest
 
