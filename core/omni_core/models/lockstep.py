@@ -17,6 +17,13 @@ import torch.nn.functional as F
 
 from omni_core.models import kernels
 from omni_core.models.layers import RotaryEmbedding, apply_rotary
+from omni_core.platforms import platform_for
+
+
+def fuses(device: torch.device | str) -> bool:
+    """Whether the ``fused`` path runs on ``device``: its platform runs the core's Triton kernels
+    (CUDA) and triton imports."""
+    return platform_for(torch.device(device)).attention_backend == "triton" and kernels.triton_available()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 from omni_core.hooks import InputTooLarge, InvalidInput
-from omni_core.models import kernels
+from omni_core.models import lockstep
 from omni_core.platforms import platform_for
 from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
@@ -137,7 +137,7 @@ class DualARWorker(ARStageWorker):
         self.segments: dict[str, Segment] = {}  # request id -> the segment it speaks
         # on CUDA the fast AR runs the core's fused kernels (fast_ar.py), and where the platform
         # captures graphs a step's fast AR is one replay (fast_ar_graphs)
-        self.fused_fast = self.device.type == "cuda" and kernels.triton_available()
+        self.fused_fast = lockstep.fuses(self.device)
         self.fast_graphs = None
         if platform_for(self.device).supports_graphs and self.engine_config.cuda_graphs:
             dtype = next(fast.parameters()).dtype

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from omni_core.models import kernels
+from omni_core.models import lockstep
 from omni_core.platforms import platform_for
 from omni_core.scheduler.ar_stage import ARStageWorker
 from omni_core.scheduler.engine import EngineConfig, EngineRequest
@@ -129,7 +129,7 @@ class TalkerWorker(ARStageWorker):
         self.states: dict[str, Speaking] = {}
         model.suppress(speech.suppressed())
         # on CUDA the code predictor runs the core's fused kernels and replays a graph per batch size (predictor_graphs)
-        self.fused_predictor = self.device.type == "cuda" and kernels.triton_available()
+        self.fused_predictor = lockstep.fuses(self.device)
         graphs = platform_for(self.device).supports_graphs and engine_config.cuda_graphs
         self.predictor_graphs = PredictorGraphs(self._predict_rows) if graphs else None
         if self.predictor_graphs is not None:
