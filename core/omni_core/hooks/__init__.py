@@ -5,6 +5,8 @@ from omni_core.hooks.hookspecs import ENTRY_POINT_GROUP, PROJECT, hookimpl, hook
 from omni_core.hooks.manager import PluginManager, PluginRecord, UnknownNameError, get_plugin_manager
 from omni_core.hooks.options import (
     PREFILL_GRAPHS_HELP,
+    ar_stream_help,
+    ar_stream_option,
     check_option_names,
     choice_option,
     engine_graph_options,
@@ -33,6 +35,8 @@ __all__ = [
     "hookspec",
     "check_option_names",
     "flag_option",
+    "ar_stream_help",
+    "ar_stream_option",
     "choice_option",
     "engine_graph_options",
     "PREFILL_GRAPHS_HELP",

@@ -55,9 +55,14 @@ class Platform:
     def synchronize(self, device: Any = None) -> None:
         """Wait for the work queued on ``device`` (the current one when None)."""
 
-    def new_stream(self, device: Any) -> Any:
+    def new_stream(self, device: Any, high_priority: bool = False) -> Any:
         """A stream of its own on ``device`` for work to overlap other stages', or None where
-        work runs in order."""
+        work runs in order. ``high_priority``: the device starts its waiting work ahead of other
+        streams' (a stage whose steps bound the audio's latency)."""
+        return None
+
+    def default_stream(self, device: Any) -> Any:
+        """The stream work on ``device`` goes to unless a stage chose its own (None: no streams)."""
         return None
 
     def use_stream(self, stream: Any):

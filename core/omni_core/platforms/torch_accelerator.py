@@ -31,8 +31,12 @@ class TorchAcceleratorPlatform(Platform):
     def synchronize(self, device: Any = None) -> None:
         self._torch_module().synchronize(device)
 
-    def new_stream(self, device: Any) -> Any:
-        return self._torch_module().Stream(device)
+    def new_stream(self, device: Any, high_priority: bool = False) -> Any:
+        # torch maps a priority past the device's range to its highest (lower numbers run first)
+        return self._torch_module().Stream(device, priority=-100 if high_priority else 0)
+
+    def default_stream(self, device: Any) -> Any:
+        return self._torch_module().default_stream(device)
 
     def use_stream(self, stream: Any):
         return self._torch_module().stream(stream)

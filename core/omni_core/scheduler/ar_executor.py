@@ -44,9 +44,13 @@ class ARExecutor(Executor):
 
     def submit(self, message: Message) -> None:
         if message.seq == 0:
-            self.loop.add(message.request_id, lambda: self.worker.make_request(message))
+            self.loop.add(message.request_id, lambda: self.worker.make_request(self._adopted(message)))
         else:  # a later chunk of the stream the request is fed from
-            self.loop.call(message.request_id, lambda: self.worker.on_input(message))
+            self.loop.call(message.request_id, lambda: self.worker.on_input(self._adopted(message)))
+
+    def _adopted(self, message: Message) -> Message:
+        self.loop.adopt(message.payload)
+        return message
 
     def abort(self, request_id: str) -> None:
         self._aborting.add(request_id)

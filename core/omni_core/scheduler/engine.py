@@ -25,6 +25,7 @@ from omni_core.scheduler.sequence import Sequence
 DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 DEFAULT_PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
 DEFAULT_PREFILL_GRAPH_BATCHES = (1, 4, 8, 16, 32)
+ENGINE_STREAMS = ("shared", "own", "high")  # EngineConfig.stream
 
 
 @dataclass
@@ -58,6 +59,11 @@ class EngineConfig:
     # eager prefill passes of several sizes at start-up on an accelerator, for models that take CUDA graphs
     # (ModelRunner.warm_up_prefill)
     warm_up_prefill: bool = True
+    # the stream the engine's steps run on (EngineLoop): "shared", the device's default stream;
+    # "own", one of its own, so its steps overlap other stages'; "high", its own at the highest
+    # priority, so the device starts its kernels ahead of other streams' waiting ones (a stage
+    # whose steps bound the audio's latency). No-op on the CPU.
+    stream: str = "shared"
 
 
 @dataclass
@@ -116,6 +122,8 @@ class GenerationOutput:
 class AREngine:
     def __init__(self, model, config: EngineConfig | None = None, hooks: Any = None, device: str | torch.device = "cpu"):
         self.config = config = config or EngineConfig()
+        if config.stream not in ENGINE_STREAMS:
+            raise ValueError(f"EngineConfig.stream must be one of {', '.join(ENGINE_STREAMS)}, got {config.stream!r}")
         self.device = torch.device(device)
         self.platform = platform_for(self.device)
         self.dtype = config.dtype or next(model.parameters()).dtype

@@ -2,7 +2,8 @@
 
 Other threads talk to it only through commands (add, abort, stop) in a queue, so the engine
 itself is never touched concurrently. Aborts are applied between steps, freeing KV blocks
-before the next step is scheduled.
+before the next step is scheduled. An engine whose ``EngineConfig.stream`` is not "shared" runs
+its steps and commands on a stream of its own (``StageStream``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from omni_core.scheduler.engine import AREngine, EngineRequest, RequestOutput
+from omni_core.scheduler.stage_stream import StageStream
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,15 @@ class EngineLoop:
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.stats: dict[str, float] = engine.stats()
         self.cancelled: set[str] = set()
+        stream = engine.config.stream
+        self.stream = None if stream == "shared" else StageStream(engine.device, high_priority=stream == "high")
+
+    def _on_stream(self):
+        return nullcontext() if self.stream is None else self.stream()
+
+    def adopt(self, payload: Any) -> Any:
+        """A request's input, made safe to read on the engine's stream (in the loop thread)."""
+        return payload if self.stream is None else self.stream.adopt(payload)
 
     def start(self) -> None:
         self.thread.start()
@@ -108,30 +120,38 @@ class EngineLoop:
             # otherwise drain what arrived since the last step
             try:
                 if not self.engine.has_runnable():
-                    running = self._apply(*self.commands.get())
+                    command = self.commands.get()
+                    with self._on_stream():
+                        running = self._apply(*command)
                 while running:
-                    running = self._apply(*self.commands.get_nowait())
+                    command = self.commands.get_nowait()
+                    with self._on_stream():
+                        running = self._apply(*command)
             except queue.Empty:
                 pass
             if not running or not self.engine.has_runnable():
                 continue
-            try:
-                started = time.perf_counter()
-                outputs = self.engine.step()
-                if log.isEnabledFor(logging.DEBUG):  # the step timeline, for `--log-level debug`
-                    kind, count = self.engine.last_step
-                    log.debug("%s: %s of %d sequences, %.1f ms", self.thread.name, kind, count, (time.perf_counter() - started) * 1e3)
-            except Exception as exc:
-                log.exception("engine step failed")
-                self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
-                continue
-            self.stats = self.engine.stats()
-            try:
-                self.on_outputs(outputs)
-            except Exception:
-                log.exception("output handler failed")
+            with self._on_stream():
+                self._step()
         for request_id in list(self.engine.requests):
             self.engine.abort(request_id)
+
+    def _step(self) -> None:
+        try:
+            started = time.perf_counter()
+            outputs = self.engine.step()
+            if log.isEnabledFor(logging.DEBUG):  # the step timeline, for `--log-level debug`
+                kind, count = self.engine.last_step
+                log.debug("%s: %s of %d sequences, %.1f ms", self.thread.name, kind, count, (time.perf_counter() - started) * 1e3)
+        except Exception as exc:
+            log.exception("engine step failed")
+            self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+            return
+        self.stats = self.engine.stats()
+        try:
+            self.on_outputs(outputs)
+        except Exception:
+            log.exception("output handler failed")
 
     def _fail_all(self, message: str) -> None:
         for request_id in list(self.engine.requests):

@@ -183,8 +183,6 @@ def pad_cached_inputs(inputs: dict[str, torch.Tensor], batch: int, frames: int, 
     """Pad a cached call's tensors to ``batch`` rows, ``frames`` queries and ``keys`` keys: padded
     frames and dummy rows write to and read from the scratch block, and a dummy row has one key
     (no empty softmax); the real rows' real frames are unchanged."""
-    b = inputs["ends"].shape[0]
-
     conv = inputs["conv"]
     out = {
         "positions": pad_to(inputs["positions"], (batch, frames), 0),

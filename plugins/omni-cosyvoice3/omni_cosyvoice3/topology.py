@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from omni_core.hooks import (
+    ar_stream_option,
     choice_option,
     engine_graph_options,
     flag_option,
@@ -61,6 +62,7 @@ def llm_factory(
     length_ratios: tuple[float, float] = (2.0, 20.0),
     overlap_decode: bool = False,
     block_all_stops: bool = False,
+    stream: str = "shared",
 ):
     model = load_llm(checkpoint_dir)
     model.cfg.min_token_text_ratio, model.cfg.max_token_text_ratio = length_ratios
@@ -71,6 +73,7 @@ def llm_factory(
         enable_prefix_caching=True,
         **graph_options,
         overlap_decode=overlap_decode,
+        stream=stream,
     )
     model = model.to(device=context.device, dtype=_dtype(dtype))
     return SpeechTokenWorker(model, config, block_all_stops)
@@ -179,6 +182,8 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     ),
                     overlap_decode=flag_option(options, "llm_overlap_decode", False),
                     block_all_stops=choice_option(options, "min_length_blocks", ("reference", "all")) == "all",
+                    # its decode steps, not queued behind the flow's calls (which run once a chunk)
+                    stream=ar_stream_option(options, "llm_stream", "high"),
                 ),
                 ("in",),
                 ("tokens",),

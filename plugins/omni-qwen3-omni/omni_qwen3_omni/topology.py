@@ -17,7 +17,7 @@ import functools
 import json
 from pathlib import Path
 
-from omni_core.hooks import engine_graph_options, flag_option, number_option
+from omni_core.hooks import ar_stream_option, engine_graph_options, flag_option, number_option
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.platforms import platform_for
 from omni_core.scheduler.engine import EngineConfig
@@ -182,6 +182,8 @@ def _add_speech(topology: Topology, path: str, dtype: str, options: dict, max_ba
         kv_cache_bytes=None if kv is None else number_option(options, "talker_kv_cache_bytes", 0),
         enable_prefix_caching=False,  # prompts are embeddings
         **engine_graph_options(options),
+        # its steps, not the thinker's (which runs ahead), set when audio is heard
+        stream=ar_stream_option(options, "talker_stream", "high"),
     )
     sampling = dict(
         temperature=number_option(options, "talker_temperature", 0.9, kind=float, allow_zero=True),

@@ -51,10 +51,10 @@ class Collector:
         return [t for m in self.messages if m.request_id == request_id for t in m.payload["token_ids"]]
 
 
-def start_executor(factory, collector):
+def start_executor(factory, collector, device: str = "cpu"):
     """The `ar` engine as the runtime gets it: through the core's entry point."""
     stage = StageSpec("llm", "ar", factory)
-    context = StageContext("llm", "cpu", collector.emit, collector.fail)
+    context = StageContext("llm", device, collector.emit, collector.fail)
     executor = get_plugin_manager().engine("ar").build(stage, context)
     executor.start()
     return executor
