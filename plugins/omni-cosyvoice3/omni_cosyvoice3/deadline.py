@@ -21,7 +21,7 @@ from omni_core.playback import PlaybackBuffer
 
 from .stage_workers import FlowWorker, HiftWorker
 
-SCHEDULES = ("arrival", "deadline")
+SCHEDULES = ("deadline", "arrival")  # the default first
 
 
 class StreamClocks:

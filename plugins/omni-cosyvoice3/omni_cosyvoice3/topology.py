@@ -106,7 +106,7 @@ def flow_factory(
     max_hop: int,
     graphs: dict | None = None,
     cache_bytes: int = 0,
-    schedule: str = "arrival",
+    schedule: str = SCHEDULES[0],
     masked_last: bool = False,
     cache_graphs: bool = False,
 ):
@@ -125,7 +125,7 @@ def flow_factory(
     return FlowWorker(model, cfg.chunk_size, max_hop, cache, masked_last=masked_last)
 
 
-def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None, schedule: str = "arrival"):
+def hift_factory(context, checkpoint_dir: str, dtype: str, graphs: dict | None = None, schedule: str = SCHEDULES[0]):
     model = load_hift(checkpoint_dir).to(device=context.device, dtype=_dtype(dtype))
     if graphs and _captures_graphs(context):
         model.use_graphs(graphs["batches"], graphs["frames"], graphs["warm"], graphs["max_work"])
@@ -183,7 +183,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     overlap_decode=flag_option(options, "llm_overlap_decode", False),
                     block_all_stops=choice_option(options, "min_length_blocks", ("reference", "all")) == "all",
                     # its decode steps, not queued behind the flow's calls (which run once a chunk)
-                    stream=ar_stream_option(options, "llm_stream", "high"),
+                    stream=ar_stream_option(options, "llm_stream", "shared"),
                 ),
                 ("in",),
                 ("tokens",),

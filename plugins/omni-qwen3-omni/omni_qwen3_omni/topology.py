@@ -183,7 +183,7 @@ def _add_speech(topology: Topology, path: str, dtype: str, options: dict, max_ba
         enable_prefix_caching=False,  # prompts are embeddings
         **engine_graph_options(options),
         # its steps, not the thinker's (which runs ahead), set when audio is heard
-        stream=ar_stream_option(options, "talker_stream", "high"),
+        stream=ar_stream_option(options, "talker_stream", "shared"),
     )
     sampling = dict(
         temperature=number_option(options, "talker_temperature", 0.9, kind=float, allow_zero=True),

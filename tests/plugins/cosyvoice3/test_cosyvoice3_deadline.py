@@ -1,4 +1,4 @@
-"""Deadline order (``--option schedule=deadline``): the flow serves the stream whose listener runs
+"""Deadline order (``--option schedule=deadline``, the default): the flow serves the stream whose listener runs
 dry soonest, new requests by their time waiting, on the real flow worker (tiny preset) behind the
 real batch executor, with a clock the test sets."""
 
@@ -149,9 +149,10 @@ def test_deadline_order_keeps_every_requests_audio(tiny_dir):
 
     manager = get_plugin_manager()
     options = {"min_token_text_ratio": 5, "max_token_text_ratio": 6, "min_length_blocks": "all"}
-    with Pipeline(build(tiny_dir, options), device="cpu", plugin_manager=manager) as arrival:
+    with Pipeline(build(tiny_dir, {**options, "schedule": "arrival"}), device="cpu", plugin_manager=manager) as arrival:
+        assert not isinstance(arrival.executors["flow"].worker, DeadlineFlowWorker)
         expected = _speak_together(arrival, [1, 2, 3])
-    with Pipeline(build(tiny_dir, {**options, "schedule": "deadline"}), device="cpu", plugin_manager=manager) as deadline:
+    with Pipeline(build(tiny_dir, options), device="cpu", plugin_manager=manager) as deadline:  # the default
         assert isinstance(deadline.executors["flow"].worker, DeadlineFlowWorker)
         got = _speak_together(deadline, [1, 2, 3])
         flow = deadline.executors["flow"].worker
