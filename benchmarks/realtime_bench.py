@@ -36,9 +36,8 @@ import soxr
 from websockets.asyncio.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_bench import start_server, stop_server  # noqa: E402
-
 from omni_core.bench.dataset import BUILTIN_TEXTS, spoken  # noqa: E402
+from serve_bench import start_server, stop_server  # noqa: E402
 
 RATE = 16000
 CHUNK_S = 0.1

@@ -53,7 +53,10 @@ def test_an_unknown_stream_is_refused(tiny_model):
 
 def test_on_the_cpu_a_stream_of_its_own_changes_nothing(tiny_model):
     prompts = {"a": {"prompt_token_ids": [5, 17, 99, 3]}, "b": {"prompt_token_ids": [7, 1, 2]}}
-    assert _generate(tiny_model, "cpu", "high", prompts) == _generate(tiny_model, "cpu", "shared", prompts)
+    with Run(tiny_model, "cpu", "high") as run:
+        assert run.executor.loop.stream is not None  # the setting reaches the loop, whose stream is the host's order
+        assert run.generate(prompts) == _generate(tiny_model, "cpu", "shared", prompts)
+        assert run.executor.loop.stream.stream is None
 
 
 @pytest.mark.gpu
@@ -77,3 +80,5 @@ def test_on_cuda_an_own_stream_gives_the_shared_streams_tokens(tiny_checkpoint, 
         torch.cuda._sleep(200_000_000)  # ~0.1 s of the default stream
         written.copy_(model.embed(ids))
         assert run.generate({"e": {"prompt_embeds": written}}) == {"e": shared["e"]}
+        zeros = run.generate({"z": {"prompt_embeds": torch.zeros_like(written)}})["z"]
+        assert zeros != shared["e"]  # what reading too early would have given

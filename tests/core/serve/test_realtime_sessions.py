@@ -17,11 +17,11 @@ from omni_core.serve.realtime.conversation_items import read_item
 from omni_core.serve.realtime.conversation_session import ConversationSession
 from omni_core.serve.realtime.endpoint import session_kind
 from omni_core.serve.realtime.realtime_config import CONVERSATION, SPEECH, RealtimeConfig, updated
-from omni_core.surface.audio_codecs import StreamEncoder
 from omni_core.serve.realtime.sockets import SocketClosed
 from omni_core.serve.realtime.speech_session import SpeechSession
 from omni_core.serve.realtime.turns import ServerVad
 from omni_core.serve.state import ServeConfig, ServerState
+from omni_core.surface.audio_codecs import StreamEncoder
 from omni_core.surface.inputs import Limits, chat_inputs
 
 LIMITS = SimpleNamespace(max_audio_seconds=5.0)

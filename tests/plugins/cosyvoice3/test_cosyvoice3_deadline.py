@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 import torch
-from omni_core.pipeline import Message, StageContext, StageSpec
 from omni_core.hooks import PluginManager
+from omni_core.pipeline import Message, StageContext, StageSpec
 from omni_cosyvoice3.config import load_config
 from omni_cosyvoice3.deadline import DeadlineFlowWorker, StreamClocks, by_deadline
 from omni_cosyvoice3.stage_workers import FlowWorker
