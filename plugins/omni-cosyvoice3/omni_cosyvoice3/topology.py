@@ -182,7 +182,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     ),
                     overlap_decode=flag_option(options, "llm_overlap_decode", False),
                     block_all_stops=choice_option(options, "min_length_blocks", ("reference", "all")) == "all",
-                    # its decode steps, not queued behind the flow's calls (which run once a chunk)
+                    # high: the device starts its decode kernels ahead of the flow's (on a stream of its own) waiting ones
                     stream=ar_stream_option(options, "llm_stream", "shared"),
                 ),
                 ("in",),

@@ -182,7 +182,7 @@ def _add_speech(topology: Topology, path: str, dtype: str, options: dict, max_ba
         kv_cache_bytes=None if kv is None else number_option(options, "talker_kv_cache_bytes", 0),
         enable_prefix_caching=False,  # prompts are embeddings
         **engine_graph_options(options),
-        # its steps, not the thinker's (which runs ahead), set when audio is heard
+        # own / high: its steps (which set when audio is heard) stop queueing behind the thinker's
         stream=ar_stream_option(options, "talker_stream", "shared"),
     )
     sampling = dict(
