@@ -191,8 +191,9 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         total = r["chunk_ms"] + r["final_ms"]
+        refused = f" ({r['refused']} refused)" if r["refused"] else ""
         print(
-            f"| {r['streams']} | {r['mode']}{' (%d refused)' % r['refused'] if r['refused'] else ''} | "
+            f"| {r['streams']} | {r['mode']}{refused} | "
             f"{len(r['calls'])} | {r['query_frames']} | {r['chunk_ms']:.0f} | {r['final_ms']:.0f} | {total / audio_s:.0f} |"
         )
     print("\nper call (ms, query frames / request), streams x mode:")

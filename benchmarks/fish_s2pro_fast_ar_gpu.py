@@ -58,9 +58,10 @@ def main() -> None:
         seeds, done = list(range(batch)), [7] * batch
         for name, params in (("greedy", SamplingParams(temperature=0.0)), ("default", SamplingParams(**DEFAULT_SAMPLING))):
             rows = [params] * batch
-            eager = wall_ms(lambda rows=rows: fast(hidden, code0, sampling.fast_chooser(rows, seeds, done)), args.iters)
-            graph = wall_ms(lambda rows=rows: graphs(hidden, code0, rows, seeds, done), args.iters)
-            fused_graph = wall_ms(lambda rows=rows: fused(hidden, code0, rows, seeds, done), args.iters)
+            step = dict(hidden=hidden, code0=code0, rows=rows, seeds=seeds, done=done)
+            eager = wall_ms(lambda s=step: fast(s["hidden"], s["code0"], sampling.fast_chooser(s["rows"], s["seeds"], s["done"])), args.iters)
+            graph = wall_ms(lambda s=step: graphs(s["hidden"], s["code0"], s["rows"], s["seeds"], s["done"]), args.iters)
+            fused_graph = wall_ms(lambda s=step: fused(s["hidden"], s["code0"], s["rows"], s["seeds"], s["done"]), args.iters)
             print(f"{batch:>5} {name:>8} {eager:>9.3f} {graph:>9.3f} {fused_graph:>14.3f} {eager / fused_graph:>7.1f}x")
 
 
