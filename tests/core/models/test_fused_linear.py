@@ -90,8 +90,16 @@ def test_gated_linear(rows):
 
 # by_position: the kernel is given the whole cos/sin tables and looks each row's position up;
 # one row takes a narrower tile in one warp (fused_linear._qkv_tile)
-@pytest.mark.parametrize("first_layer,by_position,T", [(True, False, 5), (False, False, 5), (False, True, 5), (False, True, 1)])
-@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (4, 2, 32)] if INTERPRET else [(4, 2, 16), (14, 2, 64), (16, 8, 128)])
+_QKV_FLAGS = [(True, False, 5), (False, False, 5), (False, True, 5), (False, True, 1)]
+# under the (slow) interpreter every flag at head dim 16 and one case at 32; on a GPU every case
+_QKV_CASES = (
+    [(4, 2, 16, *f) for f in _QKV_FLAGS] + [(4, 2, 32, False, True, 5)]
+    if INTERPRET
+    else [(*h, *f) for h in [(4, 2, 16), (14, 2, 64), (16, 8, 128)] for f in _QKV_FLAGS]
+)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim,first_layer,by_position,T", _QKV_CASES)
 def test_qkv_rotary_store(heads, kv_heads, dim, first_layer, by_position, T):
     hidden = 48
     positions = torch.tensor([0, 3, 17, 100, 255][:T], device=DEVICE)
