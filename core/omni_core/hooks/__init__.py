@@ -6,7 +6,6 @@ from omni_core.hooks.manager import PluginManager, PluginRecord, UnknownNameErro
 from omni_core.hooks.options import (
     PREFILL_GRAPHS_HELP,
     ar_stream_help,
-    ar_stream_option,
     check_option_names,
     choice_option,
     engine_graph_options,
@@ -36,7 +35,6 @@ __all__ = [
     "check_option_names",
     "flag_option",
     "ar_stream_help",
-    "ar_stream_option",
     "choice_option",
     "engine_graph_options",
     "PREFILL_GRAPHS_HELP",

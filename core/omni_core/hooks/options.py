@@ -48,17 +48,10 @@ def choice_option(options: dict[str, Any], name: str, choices: tuple[str, ...]) 
     return value
 
 
-AR_STREAMS = ("high", "own", "shared")  # EngineConfig.stream's choices as an option
-
-
-def ar_stream_option(options: dict[str, Any], name: str, default: str) -> str:
-    """An AR stage's stream (EngineConfig.stream) from ``options[name]``."""
-    return choice_option(options, name, (default, *(c for c in AR_STREAMS if c != default)))
-
-
-def ar_stream_help(stage: str, default: str) -> str:
-    return (f"the {stage}'s steps on the GPU: high (a stream of its own whose kernels the device starts ahead of "
-            f"other stages' waiting ones) | own (a stream of its own) | shared (the device's default stream) ({default})")
+def ar_stream_help(stage: str) -> str:
+    """The help of an option that sets an AR stage's ``EngineConfig.stream``."""
+    return (f"the {stage}'s steps on the GPU: shared (default: the device's default stream) | own (a stream of its own) | "
+            f"high (a stream of its own whose kernels the device starts ahead of other stages' waiting ones)")
 
 
 PREFILL_GRAPHS_HELP = "on CUDA, prefills of short prompts in CUDA graphs (true; cuda_graphs=false turns them off too)"

@@ -25,7 +25,7 @@ from omni_core.scheduler.sequence import Sequence
 DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 DEFAULT_PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
 DEFAULT_PREFILL_GRAPH_BATCHES = (1, 4, 8, 16, 32)
-ENGINE_STREAMS = ("shared", "own", "high")  # EngineConfig.stream
+ENGINE_STREAMS = ("shared", "own", "high")  # EngineConfig.stream, the default first
 
 
 @dataclass

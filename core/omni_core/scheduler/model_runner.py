@@ -269,17 +269,17 @@ class ModelRunner:
         if self.graphs and not is_prefill and not capture:
             graph_key = self._graph_key(len(seqs), max(len(s.block_table) for s in seqs))
         prefill_key = self.prefill_graphs.key(seqs, capture) if is_prefill and self.prefill_graphs is not None else None
+        if is_prefill:  # the sequences that finish their prompt in this step
+            sample_index = [b for b, s in enumerate(seqs) if s.num_computed_tokens + s.num_scheduled_tokens == len(s)]
+        else:
+            sample_index = list(range(len(seqs)))
         if graph_key is not None:
             ids, positions, embeds, meta, query_lens = self._prepare_graph_decode(seqs, graph_key, ahead_ids)
             model_positions = None
         elif prefill_key is not None:
-            ids, positions, embeds, query_lens = self.prefill_graphs.prepare(seqs, prefill_key)
+            ids, positions, embeds, query_lens = self.prefill_graphs.prepare(seqs, prefill_key, sample_index)
         else:
             ids, positions, embeds, meta, query_lens, model_positions = self._prepare(seqs, is_prefill, ahead_ids)
-        if is_prefill:
-            sample_index = [b for b, s in enumerate(seqs) if s.num_computed_tokens + s.num_scheduled_tokens == len(s)]
-        else:
-            sample_index = list(range(len(seqs)))
         batch = self._step_batch(seqs, is_prefill, ids, embeds, positions, query_lens, sample_index, ahead_ids)
         before = self.hooks.get("before_prefill" if is_prefill else "before_decode")
         if before is not None:

@@ -64,10 +64,11 @@ class PrefillGraphs:
         fits = [k for k in self.graphs if k[0] >= len(seqs) and k[1] >= n and k[2] >= width]
         return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
 
-    def prepare(self, seqs: list[Sequence], key: tuple[int, int, int]):
+    def prepare(self, seqs: list[Sequence], key: tuple[int, int, int], sample_index: list[int]):
         """The step's integers into the graph's inputs and its packed ids and positions, in one
         copy to the device, and its embeddings looked up; returns (ids, positions, embeddings,
-        query lengths) packed, as the eager ``_prepare``."""
+        query lengths) packed, as the eager ``_prepare``. ``sample_index``: the sequences whose
+        last row is sampled (they finish their prompt)."""
         runner = self.runner
         _, st = self.graphs[key]
         batch, size, width = key
@@ -84,8 +85,7 @@ class PrefillGraphs:
         row_t = seq_t * size + torch.arange(total) - starts[seq_t]
         padded_slots.fill_(runner.scratch_slot)
         positions[row_t], padded_slots[row_t], source[row_t] = pos_t, slots, torch.arange(total)
-        sampled = [b * size + n - 1 for b, (s, n, c) in enumerate(zip(seqs, query_lens, context_lens, strict=True)) if c == len(s)]
-        last[: len(sampled)] = torch.tensor(sampled, dtype=torch.int64)
+        last[: len(sample_index)] = torch.tensor([b * size + query_lens[b] - 1 for b in sample_index], dtype=torch.int64)
         contexts.fill_(1)
         queries.fill_(1)
         contexts[: len(seqs)], queries[: len(seqs)] = torch.tensor(context_lens), torch.tensor(query_lens)

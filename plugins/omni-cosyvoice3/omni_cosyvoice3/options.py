@@ -16,7 +16,7 @@ OPTIONS = {
     "kv_cache_bytes": "the llm's KV-cache budget (default: half the free GPU memory, 1 GiB on CPU)",
     "cuda_graphs": "CUDA graphs for the llm, flow and HiFT (true)",
     "prefill_graphs": PREFILL_GRAPHS_HELP,
-    "llm_stream": ar_stream_help("llm", "shared"),
+    "llm_stream": ar_stream_help("llm"),
     "min_token_text_ratio": "speech tokens per text token a reply makes at least (2)",
     "max_token_text_ratio": "speech tokens per text token a reply makes at most (20)",
     "min_length_blocks": "what a reply under its minimum cannot draw: reference (6561 alone, default) | all (every stop id)",

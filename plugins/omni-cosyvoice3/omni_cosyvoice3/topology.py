@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 from omni_core.hooks import (
-    ar_stream_option,
     choice_option,
     engine_graph_options,
     flag_option,
@@ -20,7 +19,7 @@ from omni_core.hooks import (
 )
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.platforms import platform_for
-from omni_core.scheduler.engine import EngineConfig
+from omni_core.scheduler.engine import ENGINE_STREAMS, EngineConfig
 
 from .checkpoint import check_layout, load_flow, load_hift, load_llm, load_speakers
 from .config import load_config
@@ -183,7 +182,7 @@ def build(checkpoint_dir: str, options: dict) -> Topology:
                     overlap_decode=flag_option(options, "llm_overlap_decode", False),
                     block_all_stops=choice_option(options, "min_length_blocks", ("reference", "all")) == "all",
                     # high: the device starts its decode kernels ahead of the flow's (on a stream of its own) waiting ones
-                    stream=ar_stream_option(options, "llm_stream", "shared"),
+                    stream=choice_option(options, "llm_stream", ENGINE_STREAMS),
                 ),
                 ("in",),
                 ("tokens",),

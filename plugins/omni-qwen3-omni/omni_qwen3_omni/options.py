@@ -26,7 +26,7 @@ OPTIONS = {
     "talker_top_p": "the talker's top-p (1.0)",
     "talker_repetition_penalty": "the talker's repetition penalty (1.05)",
     "talker_max_tokens": "frames a reply may speak, 80 ms each (4096)",
-    "talker_stream": ar_stream_help("talker", "shared"),
+    "talker_stream": ar_stream_help("talker"),
     "talker_kv_cache_bytes": "the talker's KV-cache budget (2 GiB on CUDA, 1 GiB on CPU)",
     "audio_first_chunk": "frames before the first audio (4)",
     "audio_chunk": "the most frames a later audio chunk waits for (25)",

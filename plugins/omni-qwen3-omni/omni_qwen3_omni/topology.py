@@ -17,10 +17,10 @@ import functools
 import json
 from pathlib import Path
 
-from omni_core.hooks import ar_stream_option, engine_graph_options, flag_option, number_option
+from omni_core.hooks import choice_option, engine_graph_options, flag_option, number_option
 from omni_core.pipeline import Edge, StageSpec, Topology
 from omni_core.platforms import platform_for
-from omni_core.scheduler.engine import EngineConfig
+from omni_core.scheduler.engine import ENGINE_STREAMS, EngineConfig
 
 from .checkpoint import (
     check_layout,
@@ -183,7 +183,7 @@ def _add_speech(topology: Topology, path: str, dtype: str, options: dict, max_ba
         enable_prefix_caching=False,  # prompts are embeddings
         **engine_graph_options(options),
         # own / high: its steps (which set when audio is heard) stop queueing behind the thinker's
-        stream=ar_stream_option(options, "talker_stream", "shared"),
+        stream=choice_option(options, "talker_stream", ENGINE_STREAMS),
     )
     sampling = dict(
         temperature=number_option(options, "talker_temperature", 0.9, kind=float, allow_zero=True),

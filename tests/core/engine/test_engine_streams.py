@@ -4,8 +4,9 @@ once the default stream that wrote it got there. On the CPU the setting changes 
 
 import pytest
 import torch
-from omni_core.hooks import ar_stream_option
+from omni_core.hooks import choice_option
 from omni_core.scheduler import AREngine, ARStageWorker, EngineConfig
+from omni_core.scheduler.engine import ENGINE_STREAMS
 from omni_core.scheduler.executor import Message
 
 from .test_ar_executor import Collector, start_executor
@@ -45,10 +46,10 @@ def _generate(model, device: str, stream: str, payloads: dict[str, dict]) -> dic
 def test_an_unknown_stream_is_refused(tiny_model):
     with pytest.raises(ValueError, match="EngineConfig.stream must be one of shared, own, high"):
         AREngine(tiny_model, EngineConfig(stream="fast"))
-    assert ar_stream_option({}, "talker_stream", "high") == "high"
-    assert ar_stream_option({"llm_stream": "Shared"}, "llm_stream", "high") == "shared"
+    assert choice_option({}, "talker_stream", ENGINE_STREAMS) == "shared"
+    assert choice_option({"llm_stream": "High"}, "llm_stream", ENGINE_STREAMS) == "high"
     with pytest.raises(ValueError, match="option llm_stream='fast'"):
-        ar_stream_option({"llm_stream": "fast"}, "llm_stream", "high")
+        choice_option({"llm_stream": "fast"}, "llm_stream", ENGINE_STREAMS)
 
 
 def test_on_the_cpu_a_stream_of_its_own_changes_nothing(tiny_model):
