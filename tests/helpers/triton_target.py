@@ -20,3 +20,31 @@ requires_triton_target = pytest.mark.skipif(DEVICE is None, reason="needs TRITON
 
 # bfloat16 results round once in the kernels and once or twice per op in torch
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+def on_target(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with seeded N(0, 0.3) weights (peaked enough that codes differ), on the target."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model.to(DEVICE, DTYPE).eval()
+
+
+def fused_against_torch(run):
+    """``run(choose, fused)`` -> outputs, with ``choose(logits, codebook)`` picking greedily: runs
+    the torch path and the fused one, holds that they read the same logits within ``TOL`` at every
+    pick, and returns both outputs (torch's first)."""
+    logits = {True: [], False: []}
+
+    def greedy(fused):
+        def choose(row_logits, codebook):
+            logits[fused].append(row_logits.float())
+            return row_logits.argmax(-1)
+        return choose
+
+    outputs = run(greedy(False), False), run(greedy(True), True)
+    assert len(logits[True]) == len(logits[False]) > 0
+    for ours, ref in zip(logits[True], logits[False], strict=True):
+        torch.testing.assert_close(ours, ref, **TOL[DTYPE])
+    return outputs

@@ -9,7 +9,7 @@ import tempfile
 import pytest
 import torch
 
-from tests.helpers.triton_target import DEVICE, DTYPE, TOL, requires_triton_target
+from tests.helpers.triton_target import DEVICE, DTYPE, fused_against_torch, on_target, requires_triton_target
 
 pytestmark = requires_triton_target
 
@@ -22,12 +22,7 @@ def _fast_ar(qk_norm: bool):
     cfg = load_config(write_full(tempfile.mkdtemp(prefix="fish-full-")))  # configs only: no weights written
     sizes = dataclasses.replace(cfg.fast, n_layer=2, dim=64, n_head=4, n_local_heads=2, head_dim=16, intermediate_size=96, qk_norm=qk_norm)
     cfg = dataclasses.replace(cfg, fast=sizes, slow=dataclasses.replace(cfg.slow, dim=48), codebook_size=40)
-    torch.manual_seed(0)
-    model = FastAR(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model.to(DEVICE, DTYPE).eval(), cfg
+    return on_target(FastAR(cfg)), cfg
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
@@ -35,17 +30,5 @@ def test_fused_fast_ar_matches_the_torch_path(qk_norm):
     model, cfg = _fast_ar(qk_norm)
     hidden = torch.randn(3, cfg.slow.dim, device=DEVICE, dtype=DTYPE)
     code0 = torch.randint(0, cfg.codebook_size, (3,), device=DEVICE)
-    logits = {True: [], False: []}
-
-    def greedy(fused):
-        def choose(row_logits, codebook):
-            logits[fused].append(row_logits.float())
-            return row_logits.argmax(-1)
-        return choose
-
-    codes = model(hidden, code0, greedy(False), fused=False)
-    fused_codes = model(hidden, code0, greedy(True), fused=True)
+    codes, fused_codes = fused_against_torch(lambda choose, fused: model(hidden, code0, choose, fused=fused))
     assert torch.equal(fused_codes, codes) and codes.shape == (3, cfg.num_codebooks)
-    assert len(logits[True]) == len(logits[False]) == cfg.num_codebooks - 1
-    for ours, ref in zip(logits[True], logits[False], strict=True):
-        torch.testing.assert_close(ours, ref, **TOL[DTYPE])

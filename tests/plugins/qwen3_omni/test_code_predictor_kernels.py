@@ -7,7 +7,14 @@ from types import SimpleNamespace
 
 import torch
 
-from tests.helpers.triton_target import DEVICE, DTYPE, TOL, requires_triton_target
+from tests.helpers.triton_target import (
+    DEVICE,
+    DTYPE,
+    TOL,
+    fused_against_torch,
+    on_target,
+    requires_triton_target,
+)
 
 pytestmark = requires_triton_target
 
@@ -19,30 +26,13 @@ def _predictor():
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
         rms_norm_eps=1e-6, vocab_size=40, num_code_groups=5, rope_theta=10000.0,
     )
-    torch.manual_seed(0)
-    model = CodePredictor(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model.to(DEVICE, DTYPE).eval()
+    return on_target(CodePredictor(config))
 
 
 def test_fused_predictor_matches_the_torch_path():
     model = _predictor()
     hidden = torch.randn(3, 48, device=DEVICE, dtype=DTYPE)
     code0 = torch.randn(3, 48, device=DEVICE, dtype=DTYPE)
-    logits = {True: [], False: []}
-
-    def greedy(fused):
-        def choose(row_logits, group):
-            logits[fused].append(row_logits.float())
-            return row_logits.argmax(-1)
-        return choose
-
-    codes, sums = model(hidden, code0, greedy(False), fused=False)
-    fused_codes, fused_sums = model(hidden, code0, greedy(True), fused=True)
-    assert torch.equal(fused_codes, codes)
-    assert len(logits[True]) == len(logits[False]) == 4
-    for ours, ref in zip(logits[True], logits[False], strict=True):
-        torch.testing.assert_close(ours, ref, **TOL[DTYPE])
+    (codes, sums), (fused_codes, fused_sums) = fused_against_torch(lambda choose, fused: model(hidden, code0, choose, fused=fused))
+    assert torch.equal(fused_codes, codes) and codes.shape == (3, 4)
     torch.testing.assert_close(fused_sums.float(), sums.float(), **TOL[DTYPE])
