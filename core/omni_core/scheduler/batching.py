@@ -342,7 +342,10 @@ class BatchExecutor(_QueuedExecutor):
 
     def _process_batch(self, batch: list[Message]) -> None:
         try:
+            started = time.perf_counter()
             pending = self._call(batch)
+            if log.isEnabledFor(logging.DEBUG):  # the call timeline, for `--log-level debug`
+                log.debug("stage %r: call of %d requests, %.1f ms", self.context.stage, len(batch), (time.perf_counter() - started) * 1e3)
         except Exception as exc:
             if len(batch) == 1:
                 fail_request(self.context, batch[0].request_id, exc)

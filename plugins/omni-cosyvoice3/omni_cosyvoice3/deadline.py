@@ -119,7 +119,8 @@ class DeadlineFlowWorker(_ByDeadline, FlowWorker):
         return 0.0 if mel is None else mel.shape[-1] * self.mel_seconds / payload.get("speed", 1.0)
 
     def _frames_after(self, message) -> int | None:
-        """Mel frames (prompt included) of the flow call this message makes due, or None."""
+        """Query frames of the flow call this message makes due (prompt included, less the
+        frames the flow cache holds for it where the call runs on the cache), or None."""
         stream = self.streams.get(message.request_id)
         if stream is None or message.port != "tokens":
             return None
@@ -128,7 +129,9 @@ class DeadlineFlowWorker(_ByDeadline, FlowWorker):
         if due is None:
             return None
         # a non-final call holds its lookahead tokens back: its frames end at ``end`` either way
-        return (len(stream.prompt_tokens) + due[0]) * self.model.cfg.token_mel_ratio
+        frames = (len(stream.prompt_tokens) + due[0]) * self.model.cfg.token_mel_ratio
+        on_cache = self.cache is not None and stream.streaming and (self.masked_last or not due[1])
+        return frames - (self.cache.cached_frames(message.request_id) if on_cache else 0)
 
 
 class DeadlineHiftWorker(_ByDeadline, HiftWorker):

@@ -9,6 +9,7 @@ tokens as right context, exactly as the one-shot pass would see them.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from .config import FlowConfig
 from .dit import DiT
 from .flow_cache import CachedCall, CachedFrames, FlowCache, pad_cached_inputs, pad_to
 from .graph_buckets import GraphBuckets
+
+log = logging.getLogger(__name__)
 
 NOISE_FRAMES = 50 * 300  # 300 s of 50 Hz mel frames of fixed noise
 
@@ -202,6 +205,9 @@ class FlowModel(nn.Module):
             and cache.cached_frames(r.request_id) <= r.prompt_mel.shape[0] + r.first_frame
             and cache.reserve(r.request_id, ends[i], last=r.finalize)
         ]
+        if log.isEnabledFor(logging.DEBUG):  # what each call computes, for `--log-level debug`
+            queries = [e - (cache.cached_frames(r.request_id) if i in cached else 0) for i, (r, e) in enumerate(zip(requests, ends, strict=True))]
+            log.debug("flow: %d rows (%d on the cache), query frames %d (largest %d), key frames up to %d", len(requests), len(cached), sum(queries), max(queries), max(ends))
         out: list[torch.Tensor | None] = [None] * len(requests)
         if cached:
             for i, mel in zip(cached, self._infer_cached([requests[i] for i in cached], cache), strict=True):

@@ -9,6 +9,8 @@ the next chunk (``HiftGenerator.stable_samples``).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,6 +19,8 @@ from torch.nn.utils.parametrizations import weight_norm
 from .config import HiftConfig
 from .graph_buckets import GraphBuckets
 from .stft import FrameSTFT
+
+log = logging.getLogger(__name__)
 
 NOISE_SECONDS = 20  # length of the fixed excitation-noise table, cycled for longer audio
 
@@ -221,6 +225,8 @@ class HiftGenerator(nn.Module):
         model's device, batched (one padded call; through a CUDA graph when ``use_graphs`` ran)."""
         device, dtype = self.conv_post.weight.device, self.conv_post.weight.dtype
         lengths = [int(m.shape[1]) for m in mels]
+        if log.isEnabledFor(logging.DEBUG):  # what each call computes, for `--log-level debug`
+            log.debug("hift: %d rows, %d frames (largest %d)", len(mels), sum(lengths), max(lengths))
         batch = torch.zeros(len(mels), self.cfg.in_channels, max(lengths))
         for i, m in enumerate(mels):
             batch[i, :, : lengths[i]] = m.float()

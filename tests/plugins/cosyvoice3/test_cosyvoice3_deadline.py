@@ -79,6 +79,32 @@ def test_a_stream_past_the_work_budget_waits_unless_it_is_the_first():
     assert [m.request_id for m in by_deadline(clocks, heads[:1], lambda m: 5000, fits)] == ["later"]
 
 
+def test_a_stream_on_the_flow_cache_counts_only_its_new_frames(flow, tiny_dir):
+    """The work budget weighs what a call computes: a stream whose finished frames the cache holds
+    counts its new frames alone, unless its call will not run on the cache (a full last call)."""
+    from omni_cosyvoice3.flow_cache import FlowCache
+
+    def served(masked_last: bool) -> DeadlineFlowWorker:
+        cache = FlowCache(flow.cfg, 1 << 30, "cpu", flow.dtype)
+        worker = DeadlineFlowWorker(
+            flow, load_config(tiny_dir).chunk_size, 100, cache, masked_last=masked_last, mel_seconds=0.02
+        )
+        _with_first_chunks(worker, [0.0], {"a": 0.0})
+        assert cache.cached_frames("a") == 2 * (PROMPT + FIRST_CHUNK)
+        return worker
+
+    ahead = FIRST_CHUNK + LOOKAHEAD + NEXT_CHUNK  # tokens once the next chunk is due
+    worker = served(masked_last=False)
+    nxt = Message("a", "tokens", {"token_ids": [7] * NEXT_CHUNK}, False, 2)
+    assert worker._frames_after(nxt) == 2 * NEXT_CHUNK
+    last = Message("a", "tokens", {"token_ids": [7] * NEXT_CHUNK}, True, 2)
+    assert worker._frames_after(last) == 2 * (PROMPT + ahead)  # the full last call recomputes all
+    assert served(masked_last=True)._frames_after(last) == 2 * (PROMPT + ahead) - 2 * (PROMPT + FIRST_CHUNK)
+    uncached = _worker(flow, tiny_dir, lambda: 0.0)
+    _with_first_chunks(uncached, [0.0], {"a": 0.0})
+    assert uncached._frames_after(nxt) == 2 * (PROMPT + FIRST_CHUNK + NEXT_CHUNK)
+
+
 class _Recorder:
     def __init__(self):
         self.emitted: list[Message] = []
