@@ -5,11 +5,19 @@ their tensors are ``parametrizations.weight.original0`` (g) and ``original1`` (v
 there. Every convolution is causal except ``conv_pre`` and the F0 predictor's first layer,
 which look ``conv_pre_look_right`` and 3 frames ahead: a non-final chunk's last frames wait for
 the next chunk (``HiftGenerator.stable_samples``).
+
+A stream is vocoded in windows (``HiftWindow``): a call starts ``WINDOW_CONTEXT`` frames before
+the first sample it sends instead of at the utterance's start, so a request's vocoder work grows
+with its length, not its square. Every convolution reaches a bounded distance to the left, but
+the excitation's phase is the sum of every earlier frame's pitch: each call returns that sum at
+the point the next call's window trusts its own pitch from (``F0_CONTEXT`` frames in), and the
+next call continues from it.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +31,28 @@ from .stft import FrameSTFT
 log = logging.getLogger(__name__)
 
 NOISE_SECONDS = 20  # length of the fixed excitation-noise table, cycled for longer audio
+# frames of mel left of a frame that its pitch depends on (the F0 predictor's four causal convs of 3)
+F0_CONTEXT = 8
+# frames a window starts before the first sample it sends: beyond the decoder's reach to the left
+# (its output there matches the whole utterance's to 1e-7 from 24 frames on)
+WINDOW_CONTEXT = 32
+
+
+@dataclass
+class HiftWindow:
+    """One row of a windowed call: the mel from absolute frame ``start`` on, the excitation phase
+    carried from the call before (``SourceModule`` below; None at the start), and ``carry_at``, the
+    frame (relative to ``start``) at which to return the phase for the next call."""
+
+    mel: torch.Tensor  # [80, frames]
+    start: int = 0
+    phase: torch.Tensor | None = None  # [nb_harmonics + 1] float64
+    carry_at: int = 0
+
+    @property
+    def trusted(self) -> int:
+        """The first frame of the window whose pitch sees all the mel it depends on."""
+        return 0 if self.start == 0 else F0_CONTEXT
 
 
 class CausalConv1d(nn.Conv1d):
@@ -121,24 +151,46 @@ class SourceModule(nn.Module):
         table = torch.rand(NOISE_SECONDS * cfg.sampling_rate, cfg.nb_harmonics + 1, generator=gen)
         self.register_buffer("noise_table", table, persistent=False)
 
-    def forward(self, f0: torch.Tensor) -> torch.Tensor:
-        """f0 [B, frames] -> excitation [B, 1, frames * samples_per_frame]."""
+    def forward(
+        self,
+        f0: torch.Tensor,
+        start: torch.Tensor | None = None,
+        phase: torch.Tensor | None = None,
+        trusted: torch.Tensor | None = None,
+        carry_at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """f0 [B, frames] -> excitation [B, 1, frames * samples_per_frame], and the phase to carry.
+
+        A window (``HiftWindow``) starts at frame ``start`` [B]; its pitch is trusted from frame
+        ``trusted`` [B] on, where the phase goes on from ``phase`` [B, harmonics] (the sum of
+        every earlier frame's, wrapped to a cycle); before it the excitation is the context a
+        window discards. Returns the wrapped sum over the frames before ``carry_at`` [B]."""
         cfg, up = self.cfg, self.cfg.samples_per_frame
         f0 = f0.double()
+        b, frames = f0.shape
         harmonics = torch.arange(1, cfg.nb_harmonics + 2, device=f0.device, dtype=f0.dtype)
         rad = (f0[:, :, None] * harmonics / cfg.sampling_rate) % 1  # cycles per sample, per frame
+        if trusted is not None:
+            rad = rad * (torch.arange(frames, device=f0.device)[None, :] >= trusted[:, None])[:, :, None]
         # phase advances a frame's worth at a time and is held within the frame (causal NSF);
         # summed in float64 and wrapped to one cycle: in float32 the sum of 20 s of voiced audio
         # drifts the waveform by ~3e-4
-        cycles = torch.cumsum(rad, dim=1) * up
-        sines = _hold(torch.sin(2 * torch.pi * (cycles % 1)).float(), up) * cfg.nsf_alpha
+        summed = torch.cumsum(rad, dim=1)
+        if phase is not None:
+            summed = summed + phase[:, None, :]
+        sines = _hold(torch.sin(2 * torch.pi * ((summed * up) % 1)).float(), up) * cfg.nsf_alpha
         voiced = _hold((f0 > cfg.nsf_voiced_threshold).float()[:, :, None], up)
         n = sines.shape[1]
-        idx = torch.arange(n, device=f0.device) % self.noise_table.shape[0]
+        idx = torch.arange(n, device=f0.device)
+        idx = (idx if start is None else start[:, None] * up + idx) % self.noise_table.shape[0]
         noise_amp = voiced * cfg.nsf_sigma + (1 - voiced) * cfg.nsf_alpha / 3
         excitation = sines * voiced + noise_amp * self.noise_table[idx].float()
         merged = torch.tanh(self.l_linear(excitation.to(self.l_linear.weight.dtype)))
-        return merged.float().transpose(1, 2)
+        # the sum before frame k is the running sum's entry k - 1 (the carried phase for k = 0)
+        before = torch.cat([summed.new_zeros(b, 1, summed.shape[2]) if phase is None else phase[:, None], summed], 1)
+        at = torch.zeros(b, dtype=torch.long, device=f0.device) if carry_at is None else carry_at
+        carry = before.gather(1, at[:, None, None].expand(-1, 1, summed.shape[2]))[:, 0] % 1
+        return merged.float().transpose(1, 2), carry
 
 
 class HiftGenerator(nn.Module):
@@ -195,11 +247,26 @@ class HiftGenerator(nn.Module):
         """mel [B, 80, T] (zeros past each row's end) -> audio [B, T * samples_per_frame] in
         [-limit, limit]. ``lengths`` [B] (frames): a row's samples up to its own end are as if it
         were alone and unpadded (everything is causal or reflects at the row's own end)."""
+        return self.window(mel, lengths)[0]
+
+    @torch.inference_mode()
+    def window(
+        self,
+        mel: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        start: torch.Tensor | None = None,
+        phase: torch.Tensor | None = None,
+        carry_at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` over windows of streams (``HiftWindow``; ``start``, ``phase``, ``carry_at``
+        per row, None: the utterance's start): the audio, and the phase at ``carry_at``."""
         cfg = self.cfg
+        trusted = None if start is None else (start > 0).long() * F0_CONTEXT
         # F0 and the phase it integrates in float64 whatever the model's dtype, as the reference:
         # a causal vocoder's pitch hangs on them
         f0 = self.f0_predictor(mel.double())
-        source = self.m_source(f0).squeeze(1)
+        source, carry = self.m_source(f0, start, phase, trusted, carry_at)
+        source = source.squeeze(1)
         samples = None if lengths is None else lengths * cfg.samples_per_frame
         s_stft = self.stft(source, samples).to(self.conv_pre.weight.dtype)
         x = self.conv_pre(mel)
@@ -213,31 +280,52 @@ class HiftGenerator(nn.Module):
         x = self.conv_post(F.leaky_relu(x))
         half = cfg.n_fft // 2 + 1
         magnitude = torch.exp(x[:, :half].float()).clamp(max=1e2)
-        phase = torch.sin(x[:, half:].float())
-        spec = torch.cat([magnitude * torch.cos(phase), magnitude * torch.sin(phase)], dim=1)
+        angle = torch.sin(x[:, half:].float())
+        spec = torch.cat([magnitude * torch.cos(angle), magnitude * torch.sin(angle)], dim=1)
         frames = None if samples is None else self.stft.frames(samples)
         audio = self.stft.inverse(spec, frames)
-        return audio.clamp(-cfg.audio_limit, cfg.audio_limit)
+        return audio.clamp(-cfg.audio_limit, cfg.audio_limit), carry
+
+    def packed(self, mel, lengths, start, phase, carry_at) -> torch.Tensor:
+        """``window``'s audio and carried phase as one float32 tensor (a graph's one output); the
+        phase's float64 bits ride as pairs of float32."""
+        audio, carry = self.window(mel, lengths, start, phase, carry_at)
+        return torch.cat([audio.float(), carry.contiguous().view(torch.float32)], dim=1)
 
     @torch.inference_mode()
     def infer(self, mels: list[torch.Tensor]) -> list[torch.Tensor]:
         """Per-request mel [80, T_i] (any device) -> float32 audio [T_i * samples_per_frame] on the
         model's device, batched (one padded call; through a CUDA graph when ``use_graphs`` ran)."""
+        return [audio for audio, _ in self.infer_windows([HiftWindow(m) for m in mels])]
+
+    @torch.inference_mode()
+    def infer_windows(self, windows: list[HiftWindow]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``infer`` over windows of streams: per row its window's audio and the phase at its
+        ``carry_at`` (float64 [harmonics], on the device) for the row's next window."""
         device, dtype = self.conv_post.weight.device, self.conv_post.weight.dtype
-        lengths = [int(m.shape[1]) for m in mels]
+        lengths = [int(w.mel.shape[1]) for w in windows]
         if log.isEnabledFor(logging.DEBUG):  # what each call computes, for `--log-level debug`
-            log.debug("hift: %d rows, %d frames (largest %d)", len(mels), sum(lengths), max(lengths))
-        batch = torch.zeros(len(mels), self.cfg.in_channels, max(lengths))
-        for i, m in enumerate(mels):
-            batch[i, :, : lengths[i]] = m.float()
-        inputs = {"mel": batch.to(device, dtype), "lengths": torch.tensor(lengths).to(device)}
-        audio = None
+            log.debug("hift: %d rows, %d frames (largest %d)", len(windows), sum(lengths), max(lengths))
+        batch = torch.zeros(len(windows), self.cfg.in_channels, max(lengths))
+        for i, w in enumerate(windows):
+            batch[i, :, : lengths[i]] = w.mel.float()
+        harmonics = self.cfg.nb_harmonics + 1
+        zero = torch.zeros(harmonics, dtype=torch.float64, device=device)
+        inputs = {
+            "mel": batch.to(device, dtype),
+            "lengths": torch.tensor(lengths).to(device),
+            "start": torch.tensor([w.start for w in windows]).to(device),
+            "phase": torch.stack([zero if w.phase is None else w.phase.to(device) for w in windows]),
+            "carry_at": torch.tensor([w.carry_at for w in windows]).to(device),
+        }
+        packed = None
         if self.graphs is not None:
-            audio = self.graphs.run(inputs, len(mels), max(lengths))
-        if audio is None:
-            audio = self(**inputs)
+            packed = self.graphs.run(inputs, len(windows), max(lengths))
+        if packed is None:
+            packed = self.packed(**inputs)
+        audio, carry = packed[:, : -2 * harmonics], packed[:, -2 * harmonics :].contiguous().view(torch.float64)
         per_frame = self.cfg.samples_per_frame
-        return [audio[i, : n * per_frame].float() for i, n in enumerate(lengths)]
+        return [(audio[i, : n * per_frame], carry[i]) for i, n in enumerate(lengths)]
 
     def use_graphs(
         self,
@@ -256,19 +344,26 @@ class HiftGenerator(nn.Module):
             return {
                 "mel": torch.zeros(b, channels, t, device=device, dtype=dtype),
                 "lengths": torch.full((b,), t, dtype=torch.long, device=device),
+                "start": torch.zeros(b, dtype=torch.long, device=device),
+                "phase": torch.zeros(b, self.cfg.nb_harmonics + 1, dtype=torch.float64, device=device),
+                "carry_at": torch.zeros(b, dtype=torch.long, device=device),
             }
 
-        self.graphs = GraphBuckets(self, pad_hift_inputs, example, batches, frames, device, "hift", max_work)
+        self.graphs = GraphBuckets(self.packed, pad_hift_inputs, example, batches, frames, device, "hift", max_work)
         self.graphs.warm(warm)
         return self.graphs
 
 
 def pad_hift_inputs(inputs: dict[str, torch.Tensor], batch: int, frames: int) -> dict[str, torch.Tensor]:
-    """Pad mel with zeros to ``frames`` and add dummy rows; lengths keep each real
-    row's own end (dummy rows take the whole bucket)."""
+    """Pad mel with zeros to ``frames`` and add dummy rows (windows at the start); lengths keep
+    each real row's own end (dummy rows take the whole bucket)."""
     mel, lengths = inputs["mel"], inputs["lengths"]
     padded = mel.new_zeros(batch, mel.shape[1], frames)
     padded[: mel.shape[0], :, : mel.shape[2]] = mel
     full = lengths.new_full((batch,), frames)
     full[: lengths.shape[0]] = lengths
-    return {"mel": padded, "lengths": full}
+    rows = {name: inputs[name] for name in ("start", "phase", "carry_at") if name in inputs}
+    extra = {name: value.new_zeros(batch, *value.shape[1:]) for name, value in rows.items()}
+    for name, value in rows.items():
+        extra[name][: value.shape[0]] = value
+    return {"mel": padded, "lengths": full, **extra}

@@ -19,7 +19,7 @@ from .chunking import FlowStream
 from .flow import FlowModel, FlowRequest
 from .flow_cache import FlowCache
 from .frontend import Frontend, parse_speed
-from .hift import HiftGenerator
+from .hift import WINDOW_CONTEXT, HiftGenerator, HiftWindow
 
 
 class FrontendWorker:
@@ -172,10 +172,16 @@ class FlowWorker:
 
 
 class HiftWorker:
+    """Vocodes each stream in windows (``hift.HiftWindow``): a call runs from ``WINDOW_CONTEXT``
+    frames before the first sample it sends, continuing the excitation's phase from the call
+    before; it sends the samples later frames can no longer change."""
+
     def __init__(self, model: HiftGenerator):
         self.model = model
         self.stream = StageStream(model.conv_post.weight.device)
-        self.mel: dict[str, torch.Tensor] = {}
+        self.mel: dict[str, torch.Tensor] = {}  # the frames from ``first[rid]`` on
+        self.first: dict[str, int] = {}  # the absolute frame ``mel[rid]`` starts at: the next window's
+        self.phase: dict[str, torch.Tensor] = {}  # carried to the next window (None before the first)
         self.sent: dict[str, int] = {}
         self.applied = AppliedMessages()
 
@@ -196,28 +202,34 @@ class HiftWorker:
                     )[0]
                 cache = self.mel.get(rid)
                 self.mel[rid] = chunk if cache is None else torch.cat([cache, chunk], dim=1)
+                self.first.setdefault(rid, 0)
             elif rid not in self.mel:
                 continue
             rows.append((rid, message.end, p.get("usage")))
         if not rows:
             return
-        lengths = [self.mel[rid].shape[1] for rid, _, _ in rows]
-        spans, sent = [], dict(self.sent)  # (first, last) sample each row sends now
-        for i, (rid, end, _) in enumerate(rows):
-            start = sent.get(rid, 0)
-            spans.append((start, max(start, self.model.stable_samples(lengths[i], end))))
-            sent[rid] = spans[-1][1]
+        per_frame = self.model.cfg.samples_per_frame
+        spans = []  # per row: (first, last) sample it sends now, both absolute
+        for rid, end, _ in rows:
+            start = self.sent.get(rid, 0)
+            frames = self.first[rid] + self.mel[rid].shape[1]
+            spans.append((start, max(start, self.model.stable_samples(frames, end))))
         # one padded batch (the vocoder keeps each row's samples up to its own end as if alone);
         # only the new samples leave the device, in one copy
         todo = [i for i in range(len(rows)) if spans[i][1] > spans[i][0]]
         deltas: dict[int, torch.Tensor] = {}
         if todo:
-            outs = self.model.infer([self.mel[rows[i][0]] for i in todo])
-            pieces = [out[spans[i][0] : spans[i][1]] for i, out in zip(todo, outs, strict=True)]
+            windows = [self._window(rows[i][0], spans[i][1] // per_frame) for i in todo]
+            outs = self.model.infer_windows(windows)
+            pieces = []
+            for i, window, (audio, carry) in zip(todo, windows, outs, strict=True):
+                rid, offset = rows[i][0], window.start * per_frame
+                pieces.append(audio[spans[i][0] - offset : spans[i][1] - offset])
+                self._advance(rid, spans[i][1] // per_frame, carry)
             host = to_host(torch.cat(pieces)).split([p.numel() for p in pieces])
             deltas = dict(zip(todo, host, strict=True))
-        self.sent = sent
         for i, (rid, end, usage) in enumerate(rows):
+            self.sent[rid] = spans[i][1]
             delta = deltas.get(i, torch.zeros(0))
             payload: dict[str, Any] = {"audio": delta.contiguous()}
             if end and usage:
@@ -227,7 +239,27 @@ class HiftWorker:
             if end:
                 self.release(rid)
 
+    def _window(self, rid: str, sent_after: int) -> HiftWindow:
+        """The request's window now, asking for the phase where its next window (once
+        ``sent_after`` frames are sent) trusts its own pitch from."""
+        start = self.first[rid]
+        following = HiftWindow(self.mel[rid][:, :0], start=_window_start(sent_after))
+        return HiftWindow(
+            self.mel[rid], start, self.phase.get(rid), carry_at=following.start + following.trusted - start
+        )
+
+    def _advance(self, rid: str, sent_after: int, carry: torch.Tensor) -> None:
+        """Keep the mel the next window needs, and its phase."""
+        start = _window_start(sent_after)
+        self.mel[rid] = self.mel[rid][:, start - self.first[rid] :]
+        self.first[rid], self.phase[rid] = start, carry
+
     def release(self, request_id: str) -> None:
-        self.mel.pop(request_id, None)
-        self.sent.pop(request_id, None)
+        for state in (self.mel, self.first, self.phase, self.sent):
+            state.pop(request_id, None)
         self.applied.forget(request_id)
+
+
+def _window_start(sent_frames: int) -> int:
+    """A window's first frame: the decoder's reach before the first frame it sends."""
+    return max(0, sent_frames - WINDOW_CONTEXT)

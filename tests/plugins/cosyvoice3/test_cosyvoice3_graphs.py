@@ -8,7 +8,7 @@ import torch
 from omni_cosyvoice3.checkpoint import load_flow, load_hift
 from omni_cosyvoice3.flow import FlowRequest, pad_flow_inputs
 from omni_cosyvoice3.graph_buckets import GraphBuckets, parse_buckets, parse_warm
-from omni_cosyvoice3.hift import pad_hift_inputs
+from omni_cosyvoice3.hift import HiftWindow, pad_hift_inputs
 from omni_cosyvoice3.stft import FrameSTFT
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -155,3 +155,11 @@ def test_hift_graphs_equal_eager_on_cuda(tiny_dir):
         assert a.shape == b.shape and _rel(a, b) < 0.02
     longer = _mels([100], seed=3)  # beyond the largest frame bucket: eager
     torch.testing.assert_close(model.infer(longer)[0], model(longer[0][None].cuda())[0], atol=1e-4, rtol=1e-3)
+    # windows of streams past their start (their own noise offset and carried phase) replay too
+    phase = torch.rand(2, model.cfg.nb_harmonics + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    windows = [HiftWindow(mels[0], 40, phase[0], 12), HiftWindow(mels[1], 100, phase[1], 30)]
+    replayed = model.infer_windows(windows)
+    model.graphs = None
+    for (a, carry_a), (b, carry_b) in zip(replayed, model.infer_windows(windows), strict=True):
+        assert a.shape == b.shape and _rel(a, b) < 0.02
+        torch.testing.assert_close(carry_a, carry_b, atol=1e-9, rtol=0)

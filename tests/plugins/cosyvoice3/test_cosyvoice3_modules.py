@@ -120,6 +120,40 @@ def test_hift_stable_prefix_and_batching(hift):
     )
 
 
+def test_hift_streams_in_windows_equal_to_the_whole_utterance(hift):
+    """The worker vocodes each chunk from a window just before its new samples (not from the
+    utterance's start), carrying the excitation's phase from window to window: the streamed audio
+    equals one pass over the whole mel, and the mel it keeps stays a window long."""
+    import copy
+
+    from omni_core.pipeline import Message
+    from omni_cosyvoice3.hift import WINDOW_CONTEXT
+    from omni_cosyvoice3.stage_workers import HiftWorker
+
+    hift = copy.deepcopy(hift)
+    with torch.no_grad():  # random weights predict ~0 Hz (silence): a voiced pitch that moves
+        hift.f0_predictor.classifier.weight.mul_(400)
+        hift.f0_predictor.classifier.bias.fill_(220)
+    gen = torch.Generator().manual_seed(1)
+    mel = torch.randn(80, 420, generator=gen) * 0.5 - 4
+    whole = hift(mel[None])[0]
+    f0 = hift.f0_predictor(mel[None].double())
+    assert (f0 > hift.cfg.nsf_voiced_threshold).float().mean() > 0.9 and f0.std() > 2
+    worker, streamed, kept = HiftWorker(hift), [], []
+    bounds = [0, 80, 180, 380, 420]
+    for seq, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        end = b == bounds[-1]
+        message = Message("r", "mel", {"mel": mel[:, a:b]}, end, seq)
+        worker.process([message], lambda rid, port, payload, end=True: streamed.append(payload["audio"]))
+        if not end:
+            kept.append((worker.first["r"], worker.mel["r"].shape[1]))
+    audio = torch.cat(streamed)
+    assert audio.shape == whole.shape
+    torch.testing.assert_close(audio, whole, atol=2e-5, rtol=1e-4)
+    # the third window started 340 frames in and kept only its reach before what it sent
+    assert kept[-1] == (380 - 8 - WINDOW_CONTEXT, WINDOW_CONTEXT + 8) and not worker.mel
+
+
 ONLY_6561 = torch.arange(6761) == 6561  # what a row under its minimum cannot draw, as the reference
 
 
@@ -215,10 +249,10 @@ def test_hift_keeps_f0_in_float64_and_its_phase_does_not_drift(hift):
     frames = 20 * 24000 // hift.cfg.samples_per_frame
     t = torch.arange(frames, dtype=torch.float64) / 50
     f0 = (220 + 30 * torch.sin(2 * torch.pi * 0.5 * t))[None]
-    ours = hift.m_source(f0.float())
+    ours, _ = hift.m_source(f0.float())
     reference = copy.deepcopy(hift.m_source).double()
     reference.noise_table = reference.noise_table.double()
-    expected = reference(f0)
+    expected, _ = reference(f0)
     assert (ours.double() - expected).abs().max() < 5e-6
     half = copy.deepcopy(hift).to(torch.bfloat16)
     assert half.f0_predictor.classifier.weight.dtype == torch.float64 and half.conv_post.weight.dtype == torch.bfloat16
