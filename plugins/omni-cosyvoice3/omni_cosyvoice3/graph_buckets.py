@@ -131,6 +131,15 @@ class GraphBuckets:
         for key in buckets:
             if self.bucket(*key) is not None:
                 self.capture(*key)
+        if self.graphs:  # what the graphs hold is what a flow cache or KV budget cannot have
+            log.info("%s: %d graphs warm; their memory pool holds %.1f GiB", self.name, len(self.graphs), self.pool_bytes() / 2**30)
+
+    def pool_bytes(self) -> int:
+        """Device memory reserved for the graphs' shared pool."""
+        if self.pool is None:
+            return 0
+        segments = torch.cuda.memory_snapshot()
+        return sum(s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == tuple(self.pool))
 
     @torch.inference_mode()
     def run(self, inputs: Inputs, batch: int, frames: int, *more: int) -> torch.Tensor | None:
