@@ -221,13 +221,14 @@ class HiftWorker:
         if todo:
             windows = [self._window(rows[i][0], spans[i][1] // per_frame) for i in todo]
             outs = self.model.infer_windows(windows)
-            pieces = []
-            for i, window, (audio, carry) in zip(todo, windows, outs, strict=True):
-                rid, offset = rows[i][0], window.start * per_frame
-                pieces.append(audio[spans[i][0] - offset : spans[i][1] - offset])
-                self._advance(rid, spans[i][1] // per_frame, carry)
+            pieces = [
+                audio[spans[i][0] - window.start * per_frame : spans[i][1] - window.start * per_frame]
+                for i, window, (audio, _) in zip(todo, windows, outs, strict=True)
+            ]
             host = to_host(torch.cat(pieces)).split([p.numel() for p in pieces])
             deltas = dict(zip(todo, host, strict=True))
+            for i, (_, carry) in zip(todo, outs, strict=True):  # state moves on once the call succeeded
+                self._advance(rows[i][0], spans[i][1] // per_frame, carry.clone())
         for i, (rid, end, usage) in enumerate(rows):
             self.sent[rid] = spans[i][1]
             delta = deltas.get(i, torch.zeros(0))
@@ -252,7 +253,7 @@ class HiftWorker:
         """Keep the mel the next window needs, and its phase."""
         start = _window_start(sent_after)
         self.mel[rid] = self.mel[rid][:, start - self.first[rid] :]
-        self.first[rid], self.phase[rid] = start, carry
+        self.first[rid], self.phase[rid] = start, carry  # a copy: not a view holding the call's audio
 
     def release(self, request_id: str) -> None:
         for state in (self.mel, self.first, self.phase, self.sent):
