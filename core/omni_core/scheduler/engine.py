@@ -148,8 +148,11 @@ class AREngine:
         self.requests: dict[str, Sequence] = {}
         overlap = config.overlap_decode if config.overlap_decode is not None else self.platform.accelerator
         # hooks that read or replace a step's tokens on the host need them before the next step
-        # (a sampler that reads them through batch.recent_tokens says so: samples_ahead)
-        host_hooks = ("before_decode", "post_decode") + (() if getattr(hooks, "samples_ahead", False) else ("sample",))
+        # (a sampler that reads them through batch.recent_tokens says so: samples_ahead; hooks
+        # around the forward that read only the device: decodes_ahead)
+        host_hooks = (() if getattr(hooks, "decodes_ahead", False) else ("before_decode", "post_decode")) + (
+            () if getattr(hooks, "samples_ahead", False) else ("sample",)
+        )
         self.overlap_decode = overlap and not any(h in self.hooks for h in host_hooks)
         self.in_flight: LaunchedStep | None = None  # a decode step whose tokens are not applied yet
         self.last_step: tuple[str, int] = ("none", 0)  # the kind of the last step and its sequences, for the step log

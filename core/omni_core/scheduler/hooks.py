@@ -71,6 +71,10 @@ class ARHooks:
     # count through ``batch.num_output_tokens``: its decode steps may then be launched before
     # the previous step's tokens reach the host (overlapped decode, docs/engine.md)
     samples_ahead = False
+    # True when ``before_decode`` and ``post_decode`` read no generated token on the host (only the
+    # step's tensors, its counts, and device state their own earlier calls left: a decode step's
+    # hooks run when it is launched): its decode steps may then be launched ahead too
+    decodes_ahead = False
 
     def before_prefill(self, batch: StepBatch) -> None:
         """Runs before a prefill forward; may assign ``batch.input_embeds`` ([T, H])."""

@@ -56,6 +56,10 @@ class Speaking:
 
 
 class DualARHooks(ARHooks):
+    # RAS reads its window through batch.recent_tokens, the frame inputs are the device codes
+    # the previous step's fast AR appended when it was launched: decode steps may overlap
+    samples_ahead = decodes_ahead = True
+
     def __init__(self, worker: DualARWorker):
         self.w = worker
 

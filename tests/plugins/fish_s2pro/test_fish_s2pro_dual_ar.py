@@ -97,6 +97,28 @@ def test_sampled_frames_repeat_with_the_seed_and_stay_in_range(tiny_dir):
     assert int(first["a"].min()) >= 0 and int(first["a"].max()) < 64
 
 
+def test_overlapped_decode_steps_give_the_step_by_step_frames(tiny_dir):
+    """The hooks read only the device and the batch's counts, so a decode step is launched before
+    the previous one's frame reaches the host (as on a GPU by default): sampled frames, requests
+    ending at different steps, the same codes as step by step."""
+    payloads = {
+        f"r{i}": {**p, "sampling": {"temperature": 0.9, "top_k": 20}} for i, p in enumerate(_payloads(tiny_dir))
+    }
+    plain = _worker(tiny_dir, max_new_tokens=16, overlap_decode=False)
+    overlapped = _worker(tiny_dir, max_new_tokens=16, overlap_decode=True)
+    assert overlapped.engine.overlap_decode and not plain.engine.overlap_decode
+    launch, ahead = overlapped.engine.runner.launch, []
+
+    def watched(seqs, is_prefill, ahead_of=None):
+        ahead.append(ahead_of is not None)
+        return launch(seqs, is_prefill, ahead_of)
+
+    overlapped.engine.runner.launch = watched
+    expected, got = _run(plain, payloads), _run(overlapped, payloads)
+    assert sum(ahead) > 10
+    for rid in payloads:
+        assert torch.equal(expected[rid], got[rid]), rid
+
 def test_preempted_requests_recompute_the_same_frames(tiny_dir):
     payloads = {f"r{i}": p for i, p in enumerate(_payloads(tiny_dir))}
     roomy = _run(_worker(tiny_dir, max_new_tokens=20), payloads)
