@@ -76,8 +76,10 @@ def run_whole(model, mels: list[torch.Tensor], chunks: list[int], device: str) -
         stable = model.stable_samples(at, seq == len(chunks) - 1)
         outs = model.infer([m[:, :at] for m in mels])
         frames += at * len(mels)
-        for i, out in enumerate(outs):
-            audio[i].append(out[sent:stable].cpu())
+        # the new samples of every stream to the host in one copy, as the stage's worker does
+        host = torch.cat([out[sent:stable] for out in outs]).cpu().split(stable - sent)
+        for i, piece in enumerate(host):
+            audio[i].append(piece)
         sent = stable
     _sync(device)
     return [torch.cat(a) for a in audio], frames, time.perf_counter() - start

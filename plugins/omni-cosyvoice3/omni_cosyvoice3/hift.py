@@ -33,9 +33,10 @@ log = logging.getLogger(__name__)
 NOISE_SECONDS = 20  # length of the fixed excitation-noise table, cycled for longer audio
 # frames of mel left of a frame that its pitch depends on (the F0 predictor's four causal convs of 3)
 F0_CONTEXT = 8
-# frames a window starts before the first sample it sends: beyond the decoder's reach to the left
-# (its output there matches the whole utterance's to 1e-7 from 24 frames on)
-WINDOW_CONTEXT = 32
+# frames a window starts before the first sample it sends: past the reach of its first
+# F0_CONTEXT frames (whose pitch it cannot know) through the source's down-convolution and
+# residual blocks (~26 frames more), and of the mel through the decoder (~24)
+WINDOW_CONTEXT = 40
 
 
 @dataclass

@@ -105,6 +105,21 @@ def test_a_stream_on_the_flow_cache_counts_only_its_new_frames(flow, tiny_dir):
     assert uncached._frames_after(nxt) == 2 * (PROMPT + FIRST_CHUNK + NEXT_CHUNK)
 
 
+def test_a_hift_stream_counts_its_window_and_its_chunk_as_stretched(hift):
+    """HiFT's work for a stream: the frames its window keeps plus the new chunk, as the worker
+    will stretch it for the request's speed."""
+    from omni_cosyvoice3.deadline import DeadlineHiftWorker
+
+    worker = DeadlineHiftWorker(hift, sample_rate=24000)
+    worker.process([Message("a", "mel", {"mel": torch.zeros(80, 100)}, False, 0)], lambda *a, **k: None)
+    kept = worker.mel["a"].shape[1]
+    assert kept < 100  # a window's reach, not the whole mel
+    chunk = torch.zeros(80, 60)
+    assert worker._frames_after(Message("a", "mel", {"mel": chunk}, False, 1)) == kept + 60
+    assert worker._frames_after(Message("a", "mel", {"mel": chunk, "speed": 0.5}, False, 1)) == kept + 120
+    assert worker._frames_after(Message("a", "mel", {"mel": torch.zeros(80, 0)}, False, 1)) is None
+
+
 class _Recorder:
     def __init__(self):
         self.emitted: list[Message] = []

@@ -150,7 +150,7 @@ def test_hift_streams_in_windows_equal_to_the_whole_utterance(hift):
     audio = torch.cat(streamed)
     assert audio.shape == whole.shape
     torch.testing.assert_close(audio, whole, atol=2e-5, rtol=1e-4)
-    # the third window started 340 frames in and kept only its reach before what it sent
+    # after the third chunk the worker keeps only the reach before what it sent, not the whole mel
     assert kept[-1] == (380 - 8 - WINDOW_CONTEXT, WINDOW_CONTEXT + 8) and not worker.mel
 
 
