@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from omni_core.playback import PlaybackBuffer
 
-from .stage_workers import FlowWorker, HiftWorker
+from .stage_workers import FlowWorker, HiftWorker, stretched_frames
 
 SCHEDULES = ("deadline", "arrival")  # the default first
 
@@ -150,7 +150,6 @@ class DeadlineHiftWorker(_ByDeadline, HiftWorker):
         new = int(mel.shape[-1]) if mel is not None else 0
         if new == 0 and not message.end:
             return None
-        speed = float(message.payload.get("speed", 1.0))
-        new = max(1, int(new / speed)) if new and speed != 1.0 else new  # the worker stretches it so
-        cached = self.mel.get(message.request_id)
-        return (0 if cached is None else int(cached.shape[1])) + new
+        new = stretched_frames(new, float(message.payload.get("speed", 1.0)))  # as the worker will
+        stream = self.streams.get(message.request_id)
+        return (0 if stream is None else int(stream.mel.shape[1])) + new

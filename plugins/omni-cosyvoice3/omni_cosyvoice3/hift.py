@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from omni_core.scheduler.host_copy import to_device
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
@@ -50,10 +51,11 @@ class HiftWindow:
     phase: torch.Tensor | None = None  # [nb_harmonics + 1] float64
     carry_at: int = 0
 
-    @property
-    def trusted(self) -> int:
-        """The first frame of the window whose pitch sees all the mel it depends on."""
-        return 0 if self.start == 0 else F0_CONTEXT
+
+def pitch_known_from(start: int) -> int:
+    """The first absolute frame whose pitch a window starting at ``start`` knows (sees all the
+    mel it depends on): where the phase carried into that window counts from."""
+    return start + F0_CONTEXT if start > 0 else 0
 
 
 class CausalConv1d(nn.Conv1d):
@@ -312,12 +314,14 @@ class HiftGenerator(nn.Module):
             batch[i, :, : lengths[i]] = w.mel.float()
         harmonics = self.cfg.nb_harmonics + 1
         zero = torch.zeros(harmonics, dtype=torch.float64, device=device)
+        # each row's integers in one copy
+        lens, start, carry_at = to_device(torch.tensor([lengths, [w.start for w in windows], [w.carry_at for w in windows]]), device)
         inputs = {
-            "mel": batch.to(device, dtype),
-            "lengths": torch.tensor(lengths).to(device),
-            "start": torch.tensor([w.start for w in windows]).to(device),
+            "mel": to_device(batch, device).to(dtype),
+            "lengths": lens,
+            "start": start,
             "phase": torch.stack([zero if w.phase is None else w.phase.to(device) for w in windows]),
-            "carry_at": torch.tensor([w.carry_at for w in windows]).to(device),
+            "carry_at": carry_at,
         }
         packed = None
         if self.graphs is not None:

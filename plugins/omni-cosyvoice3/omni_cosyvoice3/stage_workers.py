@@ -7,6 +7,7 @@ stream message is applied once even if the executor retries a batch (its seq is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from .chunking import FlowStream
 from .flow import FlowModel, FlowRequest
 from .flow_cache import FlowCache
 from .frontend import Frontend, parse_speed
-from .hift import WINDOW_CONTEXT, HiftGenerator, HiftWindow
+from .hift import WINDOW_CONTEXT, HiftGenerator, HiftWindow, pitch_known_from
 
 
 class FrontendWorker:
@@ -171,6 +172,25 @@ class FlowWorker:
         self.applied.forget(request_id)
 
 
+@dataclass
+class VocodedStream:
+    """One request at the vocoder: its mel from the next window's first frame on, and how far it went."""
+
+    mel: torch.Tensor  # [80, frames] from absolute frame ``first``
+    first: int = 0
+    phase: torch.Tensor | None = None  # the excitation's phase for the next window (hift.HiftWindow)
+    sent: int = 0  # samples sent
+
+    @property
+    def frames(self) -> int:
+        return self.first + self.mel.shape[1]
+
+
+def stretched_frames(frames: int, speed: float) -> int:
+    """Frames of a mel chunk of ``frames`` once stretched for ``speed``."""
+    return max(1, int(frames / speed)) if frames and speed != 1.0 else frames
+
+
 class HiftWorker:
     """Vocodes each stream in windows (``hift.HiftWindow``): a call runs from ``WINDOW_CONTEXT``
     frames before the first sample it sends, continuing the excitation's phase from the call
@@ -179,10 +199,7 @@ class HiftWorker:
     def __init__(self, model: HiftGenerator):
         self.model = model
         self.stream = StageStream(model.conv_post.weight.device)
-        self.mel: dict[str, torch.Tensor] = {}  # the frames from ``first[rid]`` on
-        self.first: dict[str, int] = {}  # the absolute frame ``mel[rid]`` starts at: the next window's
-        self.phase: dict[str, torch.Tensor] = {}  # carried to the next window (None before the first)
-        self.sent: dict[str, int] = {}
+        self.streams: dict[str, VocodedStream] = {}
         self.applied = AppliedMessages()
 
     def process(self, messages, emit) -> None:
@@ -195,42 +212,39 @@ class HiftWorker:
             rid, p = message.request_id, message.payload
             if self.applied.fresh(message):
                 chunk = torch.as_tensor(p.get("mel", torch.zeros(80, 0))).float()
-                speed = float(p.get("speed", 1.0))
-                if speed != 1.0 and chunk.shape[1] > 0:
-                    chunk = F.interpolate(
-                        chunk[None], size=max(1, int(chunk.shape[1] / speed)), mode="linear"
-                    )[0]
-                cache = self.mel.get(rid)
-                self.mel[rid] = chunk if cache is None else torch.cat([cache, chunk], dim=1)
-                self.first.setdefault(rid, 0)
-            elif rid not in self.mel:
+                size = stretched_frames(chunk.shape[1], float(p.get("speed", 1.0)))
+                if size != chunk.shape[1]:
+                    chunk = F.interpolate(chunk[None], size=size, mode="linear")[0]
+                stream = self.streams.get(rid)
+                if stream is None:
+                    self.streams[rid] = VocodedStream(chunk)
+                else:
+                    stream.mel = torch.cat([stream.mel, chunk], dim=1)
+            elif rid not in self.streams:
                 continue
-            rows.append((rid, message.end, p.get("usage")))
+            rows.append((self.streams[rid], rid, message.end, p.get("usage")))
         if not rows:
             return
         per_frame = self.model.cfg.samples_per_frame
-        spans = []  # per row: (first, last) sample it sends now, both absolute
-        for rid, end, _ in rows:
-            start = self.sent.get(rid, 0)
-            frames = self.first[rid] + self.mel[rid].shape[1]
-            spans.append((start, max(start, self.model.stable_samples(frames, end))))
+        # per row: the samples it sends now, absolute
+        ends = [max(s.sent, self.model.stable_samples(s.frames, end)) for s, _, end, _ in rows]
         # one padded batch (the vocoder keeps each row's samples up to its own end as if alone);
         # only the new samples leave the device, in one copy
-        todo = [i for i in range(len(rows)) if spans[i][1] > spans[i][0]]
+        todo = [i for i, (s, *_) in enumerate(rows) if ends[i] > s.sent]
         deltas: dict[int, torch.Tensor] = {}
         if todo:
-            windows = [self._window(rows[i][0], spans[i][1] // per_frame) for i in todo]
+            windows = [_window(rows[i][0], ends[i] // per_frame) for i in todo]
             outs = self.model.infer_windows(windows)
             pieces = [
-                audio[spans[i][0] - window.start * per_frame : spans[i][1] - window.start * per_frame]
-                for i, window, (audio, _) in zip(todo, windows, outs, strict=True)
+                audio[rows[i][0].sent - w.start * per_frame : ends[i] - w.start * per_frame]
+                for i, w, (audio, _) in zip(todo, windows, outs, strict=True)
             ]
             host = to_host(torch.cat(pieces)).split([p.numel() for p in pieces])
             deltas = dict(zip(todo, host, strict=True))
             for i, (_, carry) in zip(todo, outs, strict=True):  # state moves on once the call succeeded
-                self._advance(rows[i][0], spans[i][1] // per_frame, carry.clone())
-        for i, (rid, end, usage) in enumerate(rows):
-            self.sent[rid] = spans[i][1]
+                _advance(rows[i][0], ends[i] // per_frame, carry.clone())
+        for i, (stream, rid, end, usage) in enumerate(rows):
+            stream.sent = ends[i]
             delta = deltas.get(i, torch.zeros(0))
             payload: dict[str, Any] = {"audio": delta.contiguous()}
             if end and usage:
@@ -240,27 +254,24 @@ class HiftWorker:
             if end:
                 self.release(rid)
 
-    def _window(self, rid: str, sent_after: int) -> HiftWindow:
-        """The request's window now, asking for the phase where its next window (once
-        ``sent_after`` frames are sent) trusts its own pitch from."""
-        start = self.first[rid]
-        following = HiftWindow(self.mel[rid][:, :0], start=_window_start(sent_after))
-        return HiftWindow(
-            self.mel[rid], start, self.phase.get(rid), carry_at=following.start + following.trusted - start
-        )
-
-    def _advance(self, rid: str, sent_after: int, carry: torch.Tensor) -> None:
-        """Keep the mel the next window needs, and its phase."""
-        start = _window_start(sent_after)
-        self.mel[rid] = self.mel[rid][:, start - self.first[rid] :]
-        self.first[rid], self.phase[rid] = start, carry  # a copy: not a view holding the call's audio
-
     def release(self, request_id: str) -> None:
-        for state in (self.mel, self.first, self.phase, self.sent):
-            state.pop(request_id, None)
+        self.streams.pop(request_id, None)
         self.applied.forget(request_id)
 
 
 def _window_start(sent_frames: int) -> int:
     """A window's first frame: the decoder's reach before the first frame it sends."""
     return max(0, sent_frames - WINDOW_CONTEXT)
+
+
+def _window(stream: VocodedStream, sent_after: int) -> HiftWindow:
+    """The stream's window now, asking for the phase where its next window (once ``sent_after``
+    frames are sent) knows its own pitch from."""
+    carry_at = pitch_known_from(_window_start(sent_after)) - stream.first
+    return HiftWindow(stream.mel, stream.first, stream.phase, carry_at)
+
+
+def _advance(stream: VocodedStream, sent_after: int, carry: torch.Tensor) -> None:
+    """Keep the mel the next window needs, and its phase (a copy: not a view holding the call's audio)."""
+    start = _window_start(sent_after)
+    stream.mel, stream.first, stream.phase = stream.mel[:, start - stream.first :], start, carry

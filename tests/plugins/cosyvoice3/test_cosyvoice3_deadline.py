@@ -112,7 +112,7 @@ def test_a_hift_stream_counts_its_window_and_its_chunk_as_stretched(hift):
 
     worker = DeadlineHiftWorker(hift, sample_rate=24000)
     worker.process([Message("a", "mel", {"mel": torch.zeros(80, 100)}, False, 0)], lambda *a, **k: None)
-    kept = worker.mel["a"].shape[1]
+    kept = worker.streams["a"].mel.shape[1]
     assert kept < 100  # a window's reach, not the whole mel
     chunk = torch.zeros(80, 60)
     assert worker._frames_after(Message("a", "mel", {"mel": chunk}, False, 1)) == kept + 60

@@ -146,12 +146,12 @@ def test_hift_streams_in_windows_equal_to_the_whole_utterance(hift):
         message = Message("r", "mel", {"mel": mel[:, a:b]}, end, seq)
         worker.process([message], lambda rid, port, payload, end=True: streamed.append(payload["audio"]))
         if not end:
-            kept.append((worker.first["r"], worker.mel["r"].shape[1]))
+            kept.append((worker.streams["r"].first, worker.streams["r"].mel.shape[1]))
     audio = torch.cat(streamed)
     assert audio.shape == whole.shape
     torch.testing.assert_close(audio, whole, atol=2e-5, rtol=1e-4)
     # after the third chunk the worker keeps only the reach before what it sent, not the whole mel
-    assert kept[-1] == (380 - 8 - WINDOW_CONTEXT, WINDOW_CONTEXT + 8) and not worker.mel
+    assert kept[-1] == (380 - 8 - WINDOW_CONTEXT, WINDOW_CONTEXT + 8) and not worker.streams
 
 
 ONLY_6561 = torch.arange(6761) == 6561  # what a row under its minimum cannot draw, as the reference

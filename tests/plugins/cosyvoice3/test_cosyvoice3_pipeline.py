@@ -39,8 +39,7 @@ def _idle(pipeline: Pipeline) -> bool:
         not flow.streams
         and not flow.early
         and (flow.cache is None or (not flow.cache.requests and flow.cache.bytes_in_use() == 0))
-        and not hift.mel
-        and not hift.sent
+        and not hift.streams
         and not llm.worker.ras_hooks.held
         and not llm.engine.requests
         and all(b.ref_count == 0 for b in blocks.blocks)
